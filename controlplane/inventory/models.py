@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
+
+
+class Site(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    location = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Rack(models.Model):
+    site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="racks")
+    name = models.CharField(max_length=100)
+
+    class Meta:
+        ordering = ["site__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["site", "name"], name="rack_unique_name_per_site")]
+
+    def __str__(self) -> str:
+        return f"{self.site}/{self.name}"
+
+
+class GpuModel(models.Model):
+    """The catalog: what a GPU model is, what an hour of it costs and how many credits it weighs."""
+
+    name = models.CharField(max_length=64, unique=True, help_text="Short catalog name, e.g. H100-80GB.")
+    # What NVML calls it ("NVIDIA H100 80GB HBM3"); discovery maps reported GPUs to the catalog by this.
+    product_name = models.CharField(max_length=128, unique=True)
+    memory_mib = models.PositiveIntegerField()
+    price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, default=Decimal("0"),
+                                             validators=[MinValueValidator(Decimal("0"))])
+    currency = models.CharField(max_length=3, default="USD")
+    billing_weight = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"),
+                                         validators=[MinValueValidator(Decimal("0"))],
+                                         help_text="Credits charged per GPU-hour.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Server(models.Model):
+    """A bare-metal GPU server with a lifecycle; its agent keeps the facts below true."""
+
+    hostname = models.CharField(max_length=253, unique=True)
+    rack = models.ForeignKey(Rack, on_delete=models.SET_NULL, null=True, blank=True, related_name="servers")
+    state = models.CharField(max_length=16, choices=ServerState.choices, default=ServerState.COMMISSIONING)
+    # Where an offline server goes back to when its heartbeats return.
+    state_before_offline = models.CharField(max_length=16, choices=ServerState.choices, blank=True)
+    simulated = models.BooleanField(default=False, help_text="Its GPUs come from the simulated backend.")
+    agent_version = models.CharField(max_length=32, blank=True)
+    facts = models.JSONField(default=dict, blank=True)
+    heartbeat_interval_s = models.FloatField(default=5.0)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_seq = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["hostname"]
+        indexes = [models.Index(fields=["state"])]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class Gpu(models.Model):
+    server = models.ForeignKey(Server, on_delete=models.CASCADE, related_name="gpus")
+    uuid = models.CharField(max_length=64, unique=True)
+    index = models.PositiveSmallIntegerField()
+    model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus")
+    product_name = models.CharField(max_length=128)
+    memory_mib = models.PositiveIntegerField()
+    pci_bus_id = models.CharField(max_length=32, blank=True)
+    numa_node = models.SmallIntegerField(null=True, blank=True)
+    nvlink_peers = models.JSONField(default=list, blank=True, help_text="UUIDs of GPUs linked by NVLink.")
+    present = models.BooleanField(default=True, help_text="False when the agent stopped reporting it.")
+    health = models.CharField(max_length=16, choices=GpuHealth.choices, default=GpuHealth.HEALTHY)
+    health_reasons = models.JSONField(default=list, blank=True)
+    # Hardware faults (double-bit ECC, row-remap failure, fatal XID) stay until an operator acknowledges.
+    needs_acknowledgement = models.BooleanField(default=False)
+    telemetry = models.JSONField(default=dict, blank=True, help_text="Latest sample, DCGM field names.")
+    telemetry_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["server__hostname", "index"]
+        constraints = [models.UniqueConstraint(fields=["server", "index"], name="gpu_unique_index_per_server")]
+        indexes = [models.Index(fields=["model", "health"])]
+
+    def __str__(self) -> str:
+        return f"{self.server.hostname}:{self.index} ({self.uuid})"
+
+
+class ServerEvent(models.Model):
+    """The audit trail of a server and its GPUs: who changed what, when, and why."""
+
+    server = models.ForeignKey(Server, on_delete=models.CASCADE, related_name="events")
+    gpu = models.ForeignKey(Gpu, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")
+    kind = models.CharField(max_length=32, choices=EventKind.choices)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    # "system:node-loss", "agent:<hostname>", or the user's name: readable after the user is deleted.
+    actor_label = models.CharField(max_length=150)
+    reason = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.server}: {self.kind} {self.from_state}->{self.to_state}"

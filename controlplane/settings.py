@@ -1,0 +1,201 @@
+"""Django settings.
+
+With no environment at all the system runs on one machine: a SQLite file and an embedded (filesystem)
+Celery broker under ``var/``. ``DATABASE_URL`` and ``REDIS_URL`` switch it to PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from controlplane.core.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR") or BASE_DIR / "var")
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DEBUG", default=False)
+PRODUCTION = env_bool("CONTROLPLANE_PRODUCTION", default=False)
+
+_secret = env_str("SECRET_KEY")
+if not _secret:
+    if PRODUCTION:
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when CONTROLPLANE_PRODUCTION is on")
+    # A development key that is stable per checkout but never shipped: generated once into var/.
+    _key_file = VAR_DIR / "secret_key"
+    if not _key_file.exists():
+        import secrets
+
+        _key_file.write_text(secrets.token_urlsafe(50))
+    _secret = _key_file.read_text().strip()
+SECRET_KEY = _secret
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["*"] if not PRODUCTION else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "controlplane.core",
+    "controlplane.accounts",
+    "controlplane.inventory",
+    "controlplane.fleet",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = env_str("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}"
+try:
+    _db = dj_database_url.parse(_database_url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL Django understands: {exc}") from exc
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes SQLite's write lock when a transaction starts, so two booking transactions are
+    # serialised instead of both reading "free" and one failing late with "database is locked".
+    _db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    _db["CONN_MAX_AGE"] = 0
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    _db.setdefault("OPTIONS", {})
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+FRONTEND_DIST = BASE_DIR / "frontend" / "dist"
+STATICFILES_DIRS = [FRONTEND_DIST] if FRONTEND_DIST.exists() else []
+MEDIA_ROOT = VAR_DIR / "media"
+
+LOGIN_URL = "/admin/login/"
+
+# --- REST API -------------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "controlplane.accounts.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.core.api.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.core.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env_str("API_THROTTLE_ANON", "120/min"),
+        "user": env_str("API_THROTTLE_USER", "6000/min"),
+    },
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU control plane API",
+    "DESCRIPTION": "Reserve exclusive bare-metal GPUs, dispatch containers to them and account for their use.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+}
+
+# --- Celery ---------------------------------------------------------------------------------------------
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+else:
+    # The embedded broker: kombu's filesystem transport, good for one machine and no extra service.
+    _broker_dir = VAR_DIR / "broker"
+    for _sub in ("out", "processed"):
+        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "out"),
+        "data_folder_out": str(_broker_dir / "out"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# --- Fleet ----------------------------------------------------------------------------------------------
+FLEET_HEARTBEAT_INTERVAL_S = env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1)
+# A server is offline once this many heartbeat intervals pass without one.
+FLEET_OFFLINE_AFTER_INTERVALS = env_int("FLEET_OFFLINE_AFTER_INTERVALS", 3, minimum=1)
+FLEET_GPU_TEMP_LIMIT_C = env_float("FLEET_GPU_TEMP_LIMIT_C", 90.0)
+FLEET_HEARTBEAT_MAX_BYTES = env_int("FLEET_HEARTBEAT_MAX_BYTES", 2_000_000, minimum=1024)
+FLEET_JOIN_TOKEN_TTL_S = env_int("FLEET_JOIN_TOKEN_TTL_S", 24 * 3600, minimum=60)
+TELEMETRY_MINUTE_RETENTION_DAYS = env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 14, minimum=1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)

@@ -1,0 +1,16 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+api_v1 = [
+    path("", include("controlplane.inventory.api.urls")),
+    path("", include("controlplane.fleet.api.urls")),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("", include("controlplane.fleet.urls")),  # /metrics, /healthz
+]

@@ -1,0 +1,174 @@
+"""The wire format between node agents and the control plane, version 1.
+
+Both sides validate with these models: the agent before it sends, the control plane when it receives.
+Field names of telemetry follow DCGM's so operators recognise them. Every model forbids unknown fields so a
+typo is an error that names the field instead of silently dropped data.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+# Application XIDs: caused by the program running on the GPU, not by the GPU. They never make a GPU unhealthy.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+# The DCGM field names a sample may carry. Every one is optional: a field NVML does not support is null.
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
+MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"  # percent
+FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
+FB_TOTAL = "DCGM_FI_DEV_FB_TOTAL"  # MiB
+GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"  # degrees C
+POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
+TOTAL_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since driver load
+SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"  # MHz
+ECC_SBE_VOL = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+ECC_DBE_VOL = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+ECC_DBE_AGG = "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
+RETIRED_PENDING = "DCGM_FI_DEV_RETIRED_PENDING"
+RETIRED_DBE = "DCGM_FI_DEV_RETIRED_DBE"
+ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+ROW_REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"  # last XID seen
+CLOCK_THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # bitmask (NVML clocks event reasons)
+
+SAMPLE_FIELDS = (
+    GPU_UTIL, MEM_COPY_UTIL, FB_USED, FB_TOTAL, GPU_TEMP, POWER_USAGE, TOTAL_ENERGY, SM_CLOCK, ECC_SBE_VOL,
+    ECC_DBE_VOL, ECC_DBE_AGG, RETIRED_PENDING, RETIRED_DBE, ROW_REMAP_FAILURE, ROW_REMAP_PENDING, XID_ERRORS,
+    CLOCK_THROTTLE_REASONS,
+)
+
+MAX_GPUS = 64
+MAX_SAMPLES = 64 * 720  # a few minutes of 1 Hz samples for a full server, buffered while offline
+MAX_EVENTS = 1000
+MAX_CONTAINERS = 256
+
+Uuid = Annotated[str, Field(min_length=4, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+ShortText = Annotated[str, Field(max_length=256)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ContainerRuntimeFacts(Strict):
+    kind: Literal["docker", "none"] = "none"
+    version: ShortText | None = None
+    # True when the NVIDIA container runtime is installed; otherwise the agent says how GPUs are exposed.
+    nvidia_runtime: bool = False
+    gpu_mode: Literal["nvidia", "env-only", "none"] = "none"
+    detail: ShortText | None = None
+
+
+class NodeFacts(Strict):
+    hostname: Annotated[str, Field(min_length=1, max_length=253)]
+    agent_version: Annotated[str, Field(max_length=32)]
+    backend: Literal["nvml", "simulated"]
+    simulated: bool
+    driver_version: ShortText | None = None
+    cuda_version: ShortText | None = None
+    cpu_count: Annotated[int, Field(ge=1, le=4096)] | None = None
+    memory_bytes: Annotated[int, Field(ge=0)] | None = None
+    # NUMA node -> CPU list as Linux writes it ("0-31,64-95"), for pinning containers next to their GPUs.
+    numa_cpus: dict[str, ShortText] = Field(default_factory=dict)
+    container_runtime: ContainerRuntimeFacts = Field(default_factory=ContainerRuntimeFacts)
+
+
+class GpuFacts(Strict):
+    uuid: Uuid
+    index: Annotated[int, Field(ge=0, le=255)]
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    memory_total_mib: Annotated[int, Field(ge=0)]
+    pci_bus_id: ShortText | None = None
+    numa_node: Annotated[int, Field(ge=-1, le=1024)] | None = None
+    nvlink_peers: list[Uuid] = Field(default_factory=list, max_length=MAX_GPUS)
+    serial: ShortText | None = None
+
+
+class GpuSample(Strict):
+    """One reading of one GPU. ``fields`` holds DCGM-named values; an unsupported field is null or absent."""
+
+    uuid: Uuid
+    ts: datetime
+    fields: dict[str, float | None] = Field(default_factory=dict)
+
+
+class AgentEvent(Strict):
+    kind: Literal["xid", "gpu_lost", "container", "agent", "error"]
+    ts: datetime
+    uuid: Uuid | None = None
+    xid: Annotated[int, Field(ge=0, le=100000)] | None = None
+    message: Annotated[str, Field(max_length=2000)] = ""
+    reservation: Annotated[str, Field(max_length=64)] | None = None
+
+
+class ContainerReport(Strict):
+    """A container the agent runs or ran for an allocation, as Docker saw it."""
+
+    launch_id: Annotated[str, Field(min_length=1, max_length=64)]
+    reservation: Annotated[str, Field(min_length=1, max_length=64)]
+    container_id: ShortText | None = None
+    state: Literal["pending", "creating", "running", "stopping", "exited", "failed", "missing"]
+    gpu_uuids: list[Uuid] = Field(default_factory=list, max_length=MAX_GPUS)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    error: Annotated[str, Field(max_length=2000)] | None = None
+    log_tail: Annotated[str, Field(max_length=16000)] | None = None
+
+
+class Heartbeat(Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    seq: Annotated[int, Field(ge=0)]
+    sent_at: datetime
+    node: NodeFacts
+    gpus: list[GpuFacts] = Field(max_length=MAX_GPUS)
+    samples: list[GpuSample] = Field(default_factory=list, max_length=MAX_SAMPLES)
+    events: list[AgentEvent] = Field(default_factory=list, max_length=MAX_EVENTS)
+    containers: list[ContainerReport] = Field(default_factory=list, max_length=MAX_CONTAINERS)
+
+
+class DesiredContainer(Strict):
+    """What must run on this node now. ``launch_id`` is stable, so a redelivered launch is a no-op."""
+
+    launch_id: Annotated[str, Field(min_length=1, max_length=64)]
+    reservation: Annotated[str, Field(min_length=1, max_length=64)]
+    project: ShortText
+    image: Annotated[str, Field(min_length=1, max_length=512)]
+    command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=256)
+    env: dict[str, Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict)
+    gpu_uuids: list[Uuid] = Field(min_length=1, max_length=MAX_GPUS)
+    window_start: datetime
+    window_end: datetime
+    warn_before_s: Annotated[int, Field(ge=0)] = 300
+    stop_grace_s: Annotated[int, Field(ge=0, le=3600)] = 30
+    memory_limit_mib: Annotated[int, Field(ge=0)] | None = None
+    pids_limit: Annotated[int, Field(ge=0)] | None = None
+
+
+class HeartbeatReply(Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    server: ShortText
+    server_state: ShortText
+    heartbeat_interval_s: Annotated[float, Field(gt=0)]
+    desired: list[DesiredContainer] = Field(default_factory=list)
+    # Launch ids the agent must stop now even if still in their window (cancel, release).
+    stop: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list)
+
+
+class EnrollRequest(Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    join_token: Annotated[str, Field(min_length=8, max_length=256)]
+    hostname: Annotated[str, Field(min_length=1, max_length=253)]
+    simulated: bool = False
+
+
+class EnrollReply(Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    server: ShortText
+    credential: ShortText
+    heartbeat_interval_s: Annotated[float, Field(gt=0)]

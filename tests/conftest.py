@@ -1,0 +1,74 @@
+"""Shared fixtures. Services the tests need are real: under CI=true a missing one fails, never skips."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def service_missing(what: str) -> None:
+    """Skip on a developer's machine; fail under CI, where every service must be up."""
+    if IN_CI:
+        pytest.fail(f"{what} is required under CI=true but is not reachable", pytrace=False)
+    pytest.skip(f"{what} is not reachable")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        return
+    skip = pytest.mark.skip(reason="PostgreSQL behaviour: runs in the PostgreSQL leg of the suite")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        service_missing(f"Redis at {url} ({exc})")
+    return url
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    import docker
+
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        service_missing(f"the Docker engine ({exc})")
+    return client
+
+
+@pytest.fixture
+def api_client():  # type: ignore[no-untyped-def]
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+@pytest.fixture
+def make_user(db) -> Callable[..., object]:  # type: ignore[no-untyped-def]
+    from django.contrib.auth import get_user_model
+
+    counter = {"n": 0}
+
+    def make(username: str | None = None, *, is_staff: bool = False, password: str = "pw-for-tests"):  # type: ignore[no-untyped-def]
+        counter["n"] += 1
+        name = username or f"user{counter['n']}"
+        return get_user_model().objects.create_user(username=name, password=password, is_staff=is_staff,
+                                                    email=f"{name}@example.test")
+
+    return make
