@@ -50,6 +50,10 @@ INSTALLED_APPS = [
     "controlplane.accounts",
     "controlplane.inventory",
     "controlplane.fleet",
+    "controlplane.ledger",
+    "controlplane.reservations",
+    "controlplane.dispatch",
+    "controlplane.accounting",
 ]
 
 MIDDLEWARE = [
@@ -177,6 +181,14 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Periodic reconcilers. Each handles one item at a time and returns whether it found work.
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "fleet-detect-lost-servers": {
+        "task": "controlplane.fleet.tasks.detect_lost_servers",
+        "schedule": env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1),
+    },
+    "fleet-prune-telemetry": {"task": "controlplane.fleet.tasks.prune_telemetry", "schedule": 3600.0},
+}
 
 # --- Fleet ----------------------------------------------------------------------------------------------
 FLEET_HEARTBEAT_INTERVAL_S = env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1)

@@ -5,6 +5,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 api_v1 = [
     path("", include("controlplane.inventory.api.urls")),
     path("", include("controlplane.fleet.api.urls")),
+    path("", include("controlplane.accounts.api.urls")),
+    path("", include("controlplane.ledger.api.urls")),
+    path("", include("controlplane.reservations.api.urls")),
+    path("", include("controlplane.dispatch.api.urls")),
+    path("", include("controlplane.accounting.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
 ]

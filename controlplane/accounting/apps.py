@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AccountingConfig(AppConfig):
+    name = "controlplane.accounting"
+    label = "accounting"
