@@ -8,11 +8,11 @@ typo is an error that names the field instead of silently dropped data.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 # Application XIDs: caused by the program running on the GPU, not by the GPU. They never make a GPU unhealthy.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})

@@ -1,0 +1,182 @@
+"""Command line: ``nodeagent probe`` and ``nodeagent run``.
+
+Exit codes: 0 done, 2 bad usage or no GPU backend on this machine, 3 the control plane will not have this node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from nodeagent.backends.base import BackendUnavailable, GpuBackend
+from nodeagent.backends.simulated import SimulatedBackend, SimulatedSpecError
+from nodeagent.collectors import HostCollector
+from nodeagent.runtime.base import ContainerRuntime, NullRuntime
+
+log = logging.getLogger("nodeagent")
+
+
+def default_state_dir() -> str:
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return "/var/lib/nodeagent"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "nodeagent")
+
+
+def make_backend(
+    simulate: str | None, *, hostname: str, busy_source: Callable[[], set[str]] | None = None
+) -> GpuBackend:
+    if simulate:
+        return SimulatedBackend(simulate, hostname=hostname, busy_source=busy_source)
+    from nodeagent.backends.nvml import NvmlBackend
+
+    return NvmlBackend()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="nodeagent", description="The GPU node agent.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    probe = sub.add_parser("probe", help="print this machine's GPUs (facts and one sample)")
+    probe.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        default=env("NODEAGENT_SIMULATE"),
+        help="simulated GPUs instead of NVML, e.g. 8xH100-80GB",
+    )
+    probe.add_argument("--hostname", default=env("NODEAGENT_HOSTNAME"))
+    probe.add_argument("--json", action="store_true", help="print JSON (a recordable fixture) instead of a table")
+
+    run = sub.add_parser("run", help="report to the control plane and run the containers it asks for")
+    run.add_argument("--server", default=env("NODEAGENT_SERVER"), help="control plane URL (NODEAGENT_SERVER)")
+    run.add_argument(
+        "--join-token",
+        default=env("NODEAGENT_JOIN_TOKEN"),
+        help="one-time enrollment token (NODEAGENT_JOIN_TOKEN); not needed once enrolled",
+    )
+    run.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        default=env("NODEAGENT_SIMULATE"),
+        help="simulated GPUs instead of NVML, e.g. 8xH100-80GB (NODEAGENT_SIMULATE)",
+    )
+    run.add_argument("--hostname", default=env("NODEAGENT_HOSTNAME"), help="name to report (NODEAGENT_HOSTNAME)")
+    run.add_argument(
+        "--state-dir",
+        default=env("NODEAGENT_STATE_DIR") or default_state_dir(),
+        help="where the node credential is kept (NODEAGENT_STATE_DIR)",
+    )
+    run.add_argument(
+        "--interval", type=float, default=5.0, help="heartbeat seconds until the control plane says otherwise"
+    )
+    run.add_argument("--sample-interval", type=float, default=1.0, help="GPU sampling seconds")
+    run.add_argument(
+        "--runtime",
+        choices=("none", "docker"),
+        default=env("NODEAGENT_RUNTIME") or "none",
+        help="container runtime (NODEAGENT_RUNTIME)",
+    )
+    return parser
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from nodeagent.probe import probe, render_table
+
+    hostname = args.hostname or socket.gethostname()
+    try:
+        backend = make_backend(args.simulate, hostname=hostname)
+    except SimulatedSpecError as exc:
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return 2
+    except BackendUnavailable as exc:
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = probe(backend, host=HostCollector(hostname=hostname), now=datetime.now(UTC))
+    finally:
+        backend.close()
+    print(report.model_dump_json(indent=2) if args.json else render_table(report))
+    return 0
+
+
+def make_runtime(
+    kind: str, *, state_dir: str, hostname: str, numa_cpus: dict[str, str], gpu_numa: Callable[[str], int | None]
+) -> ContainerRuntime:
+    if kind == "none":
+        return NullRuntime()
+    if importlib.util.find_spec("nodeagent.runtime.docker") is None:
+        raise BackendUnavailable("the Docker runtime is not part of this agent build; use --runtime none")
+    from nodeagent.runtime.docker import DockerRuntime
+
+    try:
+        return DockerRuntime(state_dir=state_dir, node=hostname, numa_cpus=numa_cpus, gpu_numa=gpu_numa)
+    except Exception as exc:  # docker.errors.DockerException and friends: say it plainly
+        raise BackendUnavailable(f"cannot reach the Docker engine ({exc}); use --runtime none") from exc
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from nodeagent.agent import Agent, AgentState, AgentStopped
+    from nodeagent.client import ControlPlaneClient
+
+    if not args.server:
+        print("nodeagent: --server (or NODEAGENT_SERVER) is required", file=sys.stderr)
+        return 2
+    for flag, value in (("--interval", args.interval), ("--sample-interval", args.sample_interval)):
+        if value <= 0:
+            print(f"nodeagent: {flag} must be a positive number of seconds, got {value}", file=sys.stderr)
+            return 2
+    hostname = args.hostname or socket.gethostname()
+    host = HostCollector(hostname=hostname)
+    gpu_numa: dict[str, int | None] = {}
+    try:
+        client = ControlPlaneClient(args.server)
+        runtime = make_runtime(
+            args.runtime,
+            state_dir=args.state_dir,
+            hostname=hostname,
+            numa_cpus=host.collect().numa_cpus,
+            gpu_numa=lambda uuid: gpu_numa.get(uuid),
+        )
+        backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus)
+    except (ValueError, BackendUnavailable) as exc:
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return 2
+    gpu_numa.update({g.uuid: g.numa_node for g in backend.discover()})
+    try:
+        agent = Agent(
+            client=client,
+            backend=backend,
+            runtime=runtime,
+            state=AgentState(args.state_dir),
+            host=host,
+            join_token=args.join_token,
+            interval=args.interval,
+            sample_interval=args.sample_interval,
+        )
+        agent.run()
+    except AgentStopped as exc:
+        backend.close()
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return cmd_probe(args) if args.command == "probe" else cmd_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

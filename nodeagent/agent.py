@@ -1,0 +1,332 @@
+"""The agent loop: sample the GPUs, send heartbeats, converge the containers to the control plane's reply.
+
+``step()`` does whatever is due at the clock's time and says how long until the next thing is due, so tests
+drive the agent without sleeping and ``run()`` is only a loop around it that stops on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+import nodeagent
+from nodeagent import schema
+from nodeagent.backends.base import GpuBackend
+from nodeagent.client import Backoff, ControlPlaneClient, CredentialRevoked, Rejected, TelemetryBuffer, Unreachable
+from nodeagent.collectors import EventCollector, GpuCollector, HostCollector
+from nodeagent.runtime.base import ContainerRuntime
+
+log = logging.getLogger(__name__)
+
+# A control plane that asks for a silly interval is not obeyed to the letter.
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 600.0
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class AgentStopped(Exception):
+    """The agent cannot go on; the message tells the operator what to do."""
+
+    def __init__(self, message: str, *, exit_code: int = 3) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class AgentState:
+    """What survives a restart: the node credential (mode 0600) and the last heartbeat sequence number."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    @property
+    def credential_path(self) -> Path:
+        return self.directory / "credential"
+
+    def credential(self) -> str | None:
+        try:
+            mode = self.credential_path.stat().st_mode & 0o777
+            value = self.credential_path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if mode & 0o077:
+            log.warning("%s is readable by others (mode %o); it should be 0600", self.credential_path, mode)
+        return value or None
+
+    def save_credential(self, credential: str) -> None:
+        self._write("credential", credential + "\n")
+
+    def revoke(self) -> Path:
+        """Set a revoked credential aside, so the next start with a join token enrolls afresh."""
+        target = self.directory / "credential.revoked"
+        if self.credential_path.exists():
+            os.replace(self.credential_path, target)
+        return target
+
+    def seq(self) -> int:
+        try:
+            return int((self.directory / "seq").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def save_seq(self, seq: int) -> None:
+        self._write("seq", f"{seq}\n")
+
+    def _write(self, name: str, text: str) -> None:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.directory / f".{name}.tmp"
+        # Created 0600 from the start: the secret is never readable by others, not even for a moment.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.directory / name)
+
+
+class Agent:
+    """One node's agent. Everything it talks to is passed in."""
+
+    def __init__(
+        self,
+        *,
+        client: ControlPlaneClient,
+        backend: GpuBackend,
+        runtime: ContainerRuntime,
+        state: AgentState,
+        host: HostCollector | None = None,
+        join_token: str | None = None,
+        interval: float = 5.0,
+        sample_interval: float = 1.0,
+        max_batch_samples: int = 1024,
+        clock: Clock | None = None,
+        buffer: TelemetryBuffer | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.client = client
+        self.backend = backend
+        self.runtime = runtime
+        self.state = state
+        self.host = host or HostCollector()
+        self.gpus = GpuCollector(backend)
+        self.events = EventCollector(backend)
+        self.join_token = join_token
+        self.interval = interval
+        self.sample_interval = sample_interval
+        self.max_batch_samples = max_batch_samples
+        self.clock = clock or SystemClock()
+        self.buffer = buffer or TelemetryBuffer()
+        self.backoff = backoff or Backoff(base_s=2.0, cap_s=60.0)
+        self.credential = state.credential()
+        if self.credential is None and not join_token:
+            raise AgentStopped(
+                f"no node credential in {state.directory} and no join token: enroll this node with "
+                "--join-token (an operator creates one in the control plane)",
+                exit_code=2,
+            )
+        self.seq = state.seq()
+        self.server_name: str | None = None
+        self.server_state: str | None = None
+        self.last_reply: schema.HeartbeatReply | None = None
+        self._last_reports: list[schema.ContainerReport] = []
+        start = self.clock.monotonic()
+        self._next_sample = start
+        self._next_heartbeat = start
+        self._stop = threading.Event()
+
+    # -- the loop -------------------------------------------------------------------------------------------
+
+    def step(self) -> float:
+        """Do what is due now; the seconds until something is due next."""
+        mono, now = self.clock.monotonic(), self.clock.now()
+        if mono >= self._next_sample:
+            self._sample(now)
+            self._next_sample += self.sample_interval
+            if self._next_sample <= mono:  # fell behind (a slow heartbeat): skip, never burst
+                self._next_sample = mono + self.sample_interval
+        if mono >= self._next_heartbeat:
+            if self.credential is None:
+                self._enroll(now, mono)
+            if self.credential is not None and mono >= self._next_heartbeat:
+                self._heartbeat(now, mono)
+        return max(0.0, min(self._next_sample, self._next_heartbeat) - self.clock.monotonic())
+
+    def run(self) -> None:
+        """Step until stopped by ``stop()``, SIGTERM or SIGINT. Raises ``AgentStopped`` when it cannot go on."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        log.info(
+            "node agent %s: %s backend, %d GPUs",
+            nodeagent.__version__,
+            self.backend.name,
+            len(self.gpus.facts(self.clock.now())),
+        )
+        try:
+            while not self._stop.is_set():
+                self._stop.wait(self.step())
+        finally:
+            self.backend.close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        log.info("node agent stopped")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        self.stop()
+
+    # -- the work -------------------------------------------------------------------------------------------
+
+    def _sample(self, now: datetime) -> None:
+        reading = self.gpus.collect(now)
+        self.buffer.add_samples(reading.samples)
+        self.buffer.add_events(reading.events + self.events.collect(now))
+
+    def _enroll(self, now: datetime, mono: float) -> None:
+        assert self.join_token
+        request = schema.EnrollRequest(
+            join_token=self.join_token, hostname=self.host.collect().hostname, simulated=self.backend.simulated
+        )
+        try:
+            reply = self.client.enroll(request)
+        except Rejected as exc:
+            raise AgentStopped(
+                f"the control plane refused to enroll this node: {exc.message} "
+                "(a join token works once and expires; ask an operator for a new one)"
+            ) from exc
+        except Unreachable as exc:
+            delay = self.backoff.failure()
+            log.warning("enrollment failed, retrying in %.1f s: %s", delay, exc)
+            self._next_heartbeat = mono + delay
+            return
+        self.backoff.reset()
+        self.state.save_credential(reply.credential)
+        self.credential = reply.credential
+        self.server_name = reply.server
+        self.interval = _clamp_interval(reply.heartbeat_interval_s)
+        log.info("enrolled as server %s; credential saved in %s", reply.server, self.state.credential_path)
+
+    def node_facts(self) -> schema.NodeFacts:
+        host = self.host.collect()
+        return schema.NodeFacts(
+            hostname=host.hostname,
+            agent_version=nodeagent.__version__,
+            backend=self.backend.name,
+            simulated=self.backend.simulated,
+            driver_version=self.backend.driver_version,
+            cuda_version=self.backend.cuda_version,
+            cpu_count=host.cpu_count,
+            memory_bytes=host.memory_bytes,
+            numa_cpus=host.numa_cpus,
+            container_runtime=self.runtime.facts(),
+        )
+
+    def _container_reports(self, now: datetime) -> list[schema.ContainerReport]:
+        # An empty list would read as "nothing runs here"; when the engine cannot be asked, repeat what it
+        # last said and report the failure instead.
+        try:
+            self._last_reports = self.runtime.report()[: schema.MAX_CONTAINERS]
+        except Exception as exc:
+            log.exception("asking the container runtime for its containers failed")
+            self.buffer.add_events(
+                [schema.AgentEvent(kind="error", ts=now, message=f"container report failed: {exc}"[:2000])]
+            )
+        return self._last_reports
+
+    def _heartbeat(self, now: datetime, mono: float) -> None:
+        assert self.credential
+        containers = self._container_reports(now)  # before take: it may add an event to the buffer
+        batch = self.buffer.take(max_samples=self.max_batch_samples, now=now)
+        self.seq += 1
+        self.state.save_seq(self.seq)
+        heartbeat = schema.Heartbeat(
+            seq=self.seq,
+            sent_at=now,
+            node=self.node_facts(),
+            gpus=self.gpus.facts(now),
+            samples=batch.samples,
+            events=batch.events,
+            containers=containers,
+        )
+        try:
+            reply = self.client.heartbeat(self.credential, heartbeat)
+        except CredentialRevoked as exc:
+            kept = self.state.revoke()
+            raise AgentStopped(
+                f"the control plane no longer accepts this node's credential ({exc.message}); it was moved to "
+                f"{kept}. Re-enroll with a new --join-token."
+            ) from exc
+        except Rejected as exc:
+            if exc.status == 413 and len(batch.samples) > 1:
+                self.max_batch_samples = max(1, len(batch.samples) // 2)
+                log.warning(
+                    "heartbeat too large for the control plane; sending %d samples at a time", self.max_batch_samples
+                )
+            else:
+                log.error(
+                    "the control plane rejected heartbeat %d (%s); its %d samples and %d events are "
+                    "dropped because they would never be accepted",
+                    self.seq,
+                    exc,
+                    len(batch.samples),
+                    len(batch.events),
+                )
+                self.buffer.commit(batch)
+            self._next_heartbeat = mono + self.interval
+            return
+        except Unreachable as exc:
+            delay = self.backoff.failure()
+            log.warning(
+                "heartbeat %d failed (%d in a row), retrying in %.1f s; %d samples buffered: %s",
+                self.seq,
+                self.backoff.failures,
+                delay,
+                len(self.buffer.samples),
+                exc,
+            )
+            self._next_heartbeat = mono + delay
+            return
+        self.buffer.commit(batch)
+        self.backoff.reset()
+        self.last_reply = reply
+        self.server_name, self.server_state = reply.server, reply.server_state
+        self.interval = _clamp_interval(reply.heartbeat_interval_s)
+        self._next_heartbeat = mono + self.interval
+        self.apply_desired(reply.desired, reply.stop, now)
+
+    def apply_desired(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime) -> None:
+        """Converge the runtime to a desired state, from a heartbeat reply or a pushed command."""
+        try:
+            self.runtime.reconcile(desired, stop, now)
+        except Exception as exc:  # a runtime bug must not stop the agent's reporting; the next reply retries
+            log.exception("reconciling containers failed")
+            self.buffer.add_events(
+                [schema.AgentEvent(kind="error", ts=now, message=f"reconciling containers failed: {exc}"[:2000])]
+            )
+
+
+def _clamp_interval(seconds: float) -> float:
+    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, seconds))

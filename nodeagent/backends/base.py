@@ -1,0 +1,52 @@
+"""The one small interface every GPU backend implements."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, Protocol, runtime_checkable
+
+from nodeagent import schema
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this machine (no NVML library, no driver). The message says what to do."""
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """Where GPU facts, samples and events come from: NVML on a real server, a declared fleet in simulation."""
+
+    # Read-only here so a backend may declare them as plain class attributes with narrower types.
+    @property
+    def name(self) -> Literal["nvml", "simulated"]: ...
+
+    @property
+    def simulated(self) -> bool: ...
+
+    @property
+    def driver_version(self) -> str | None: ...
+
+    @property
+    def cuda_version(self) -> str | None: ...
+
+    @property
+    def events_supported(self) -> bool:
+        """False when the backend cannot deliver XID events; ``events_detail`` then says why."""
+        ...
+
+    @property
+    def events_detail(self) -> str | None: ...
+
+    def discover(self) -> list[schema.GpuFacts]:
+        """The GPUs present now, in index order."""
+        ...
+
+    def sample(self, now: datetime) -> list[schema.GpuSample]:
+        """One reading of every GPU still present. A GPU that is gone has no sample."""
+        ...
+
+    def poll_events(self, now: datetime) -> list[schema.AgentEvent]:
+        """Events since the last poll, without blocking."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Container runtimes the agent launches reservations with."""

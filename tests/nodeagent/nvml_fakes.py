@@ -1,0 +1,201 @@
+"""A fake ``pynvml`` module: the real module's constants and exception classes over GPUs declared in the test.
+
+Each GPU names the NVML functions it does not support (raising ``NVMLError_NotSupported``) and those that
+fail with another NVML error, the way drivers and boards differ in the field.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml as real
+
+MIB = 1024 * 1024
+SWITCH = "switch"
+
+
+@dataclass(eq=False)
+class FakeGpu:
+    uuid: str
+    bus_id: str
+    name: str = "NVIDIA H200"
+    memory_total_mib: int = 143771
+    memory_used_mib: int = 1024
+    numa: int | None = 0
+    nvlinks: dict[int, str] = field(default_factory=dict)  # link -> remote bus id, or SWITCH
+    util: tuple[int, int] = (42, 17)
+    temp: int = 51
+    power_mw: int = 312_456
+    energy_mj: int = 987_654_321
+    sm_clock: int = 1980
+    ecc: dict[tuple[int, int], int] = field(default_factory=dict)
+    retired_dbe_pages: list[int] = field(default_factory=list)
+    remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    throttle: int = 0x4
+    unsupported: set[str] = field(default_factory=set)
+    broken: set[str] = field(default_factory=set)
+    lost: bool = False
+
+
+class FakeNvml:
+    """Looks like ``pynvml`` to ``NvmlBackend``."""
+
+    def __init__(
+        self, gpus: list[FakeGpu], *, init_error: int | None = None, events: bool = True, missing: tuple[str, ...] = ()
+    ) -> None:
+        for name in dir(real):
+            if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "nvmlClocks")):
+                setattr(self, name, getattr(real, name))
+        self.gpus = gpus
+        self.init_error = init_error
+        self.events = events
+        self.queue: deque[SimpleNamespace] = deque()
+        self.registered: list[FakeGpu] = []
+        self.shut_down = False
+        self.calls: list[str] = []
+        self._missing = set(missing)  # functions an older pynvml lacks
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("nvml") and name in object.__getattribute__(self, "__dict__").get("_missing", ()):
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+    # -- helpers --------------------------------------------------------------------------------------------
+
+    def push_xid(self, gpu: FakeGpu, xid: int) -> None:
+        self.queue.append(SimpleNamespace(device=gpu, eventType=real.nvmlEventTypeXidCriticalError, eventData=xid))
+
+    def _answer(self, gpu: FakeGpu, function: str, value: Any) -> Any:
+        self.calls.append(function)
+        if gpu.lost:
+            raise real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)
+        if function in gpu.unsupported:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        if function in gpu.broken:
+            raise real.NVMLError(real.NVML_ERROR_UNKNOWN)
+        return value
+
+    # -- the pynvml surface the backend uses ----------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise real.NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shut_down = True
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "570.86.15"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12080
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        return self.gpus[index]
+
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
+        return self._answer(gpu, "nvmlDeviceGetUUID", gpu.uuid)
+
+    def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
+        return self._answer(gpu, "nvmlDeviceGetName", gpu.name)
+
+    def nvmlDeviceGetSerial(self, gpu: FakeGpu) -> str:
+        return self._answer(gpu, "nvmlDeviceGetSerial", f"serial-{gpu.uuid[-4:]}")
+
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> SimpleNamespace:
+        total, used = gpu.memory_total_mib * MIB, gpu.memory_used_mib * MIB
+        return self._answer(gpu, "nvmlDeviceGetMemoryInfo", SimpleNamespace(total=total, used=used, free=total - used))
+
+    def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> SimpleNamespace:
+        return self._answer(gpu, "nvmlDeviceGetPciInfo", SimpleNamespace(busId=gpu.bus_id.encode()))
+
+    def nvmlDeviceGetNumaNodeId(self, gpu: FakeGpu) -> int:
+        if gpu.numa is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return self._answer(gpu, "nvmlDeviceGetNumaNodeId", gpu.numa)
+
+    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
+        if not gpu.nvlinks:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        if link >= 18:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return int(link in gpu.nvlinks)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, gpu: FakeGpu, link: int) -> SimpleNamespace:
+        remote = gpu.nvlinks[link]
+        return SimpleNamespace(busId=(b"00000000:FF:00.0" if remote == SWITCH else remote.encode()))
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, gpu: FakeGpu, link: int) -> int:
+        return real.NVML_NVLINK_DEVICE_TYPE_SWITCH if gpu.nvlinks[link] == SWITCH else real.NVML_NVLINK_DEVICE_TYPE_GPU
+
+    def nvmlDeviceGetUtilizationRates(self, gpu: FakeGpu) -> SimpleNamespace:
+        return self._answer(gpu, "nvmlDeviceGetUtilizationRates", SimpleNamespace(gpu=gpu.util[0], memory=gpu.util[1]))
+
+    def nvmlDeviceGetTemperature(self, gpu: FakeGpu, sensor: int) -> int:
+        assert sensor == real.NVML_TEMPERATURE_GPU
+        return self._answer(gpu, "nvmlDeviceGetTemperature", gpu.temp)
+
+    def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
+        return self._answer(gpu, "nvmlDeviceGetPowerUsage", gpu.power_mw)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
+        return self._answer(gpu, "nvmlDeviceGetTotalEnergyConsumption", gpu.energy_mj)
+
+    def nvmlDeviceGetClockInfo(self, gpu: FakeGpu, clock: int) -> int:
+        assert clock == real.NVML_CLOCK_SM
+        return self._answer(gpu, "nvmlDeviceGetClockInfo", gpu.sm_clock)
+
+    def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, error_type: int, counter_type: int) -> int:
+        return self._answer(gpu, "nvmlDeviceGetTotalEccErrors", gpu.ecc.get((error_type, counter_type), 0))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, gpu: FakeGpu) -> int:
+        return self._answer(gpu, "nvmlDeviceGetRetiredPagesPendingStatus", 0)
+
+    def nvmlDeviceGetRetiredPages(self, gpu: FakeGpu, cause: int) -> list[int]:
+        assert cause == real.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        return self._answer(gpu, "nvmlDeviceGetRetiredPages", gpu.retired_dbe_pages)
+
+    def nvmlDeviceGetRemappedRows(self, gpu: FakeGpu) -> tuple[int, int, int, int]:
+        return self._answer(gpu, "nvmlDeviceGetRemappedRows", gpu.remapped)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeGpu) -> int:
+        return self._answer(gpu, "nvmlDeviceGetCurrentClocksEventReasons", gpu.throttle)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
+        return self._answer(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons", gpu.throttle)
+
+    def nvmlEventSetCreate(self) -> object:
+        if not self.events:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, gpu: FakeGpu, types: int, event_set: object) -> None:
+        assert types == real.nvmlEventTypeXidCriticalError
+        self._answer(gpu, "nvmlDeviceRegisterEvents", None)
+        self.registered.append(gpu)
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
+        assert timeout_ms == 0, "the agent must never block on NVML events"
+        if not self.queue:
+            raise real.NVMLError(real.NVML_ERROR_TIMEOUT)
+        return self.queue.popleft()
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        pass
+
+
+def hgx_pair(*, sysfs_numa: bool = False) -> tuple[FakeGpu, FakeGpu]:
+    """Two GPUs linked to each other by NVLink."""
+    a = FakeGpu(uuid="GPU-aaaaaaaa-0000-0000-0000-000000000001", bus_id="00000000:18:00.0", numa=0)
+    b = FakeGpu(uuid="GPU-bbbbbbbb-0000-0000-0000-000000000002", bus_id="00000000:2A:00.0", numa=1)
+    a.nvlinks = {0: b.bus_id, 1: b.bus_id}
+    b.nvlinks = {0: a.bus_id, 1: a.bus_id}
+    if sysfs_numa:
+        a.numa = b.numa = None
+    return a, b
