@@ -1,0 +1,683 @@
+"""The Docker container runtime: launches each reservation's container on exactly its GPUs, warns it before
+the window closes, stops it (SIGTERM, then SIGKILL after a grace) and reports what Docker saw.
+
+Docker itself is the record of what runs: every container of ours carries labels naming its launch, so a
+restarted agent adopts what it finds instead of launching twice. A small directory per launch under the state
+directory keeps the few facts Docker cannot (warning sent, stop deadline, final report). ``reconcile`` never
+waits on a container: a stop sends SIGTERM and records a deadline, and a later reconcile past the deadline
+sends SIGKILL, so a 1-5 s heartbeat loop is never held up by a slow job. See docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.containers import Container
+from requests.exceptions import RequestException
+
+from nodeagent import schema
+
+log = logging.getLogger(__name__)
+
+LABEL_LAUNCH = "gpucp.launch_id"
+LABEL_RESERVATION = "gpucp.reservation"
+LABEL_PROJECT = "gpucp.project"
+LABEL_GPUS = "gpucp.gpus"
+LABEL_WINDOW_END = "gpucp.window_end"
+LABEL_GRACE = "gpucp.stop_grace_s"
+LABEL_NODE = "gpucp.node"
+
+MOUNT_POINT = "/run/gpucp"
+WARN_FILE = f"{MOUNT_POINT}/warning"
+LOG_TAIL_LINES = 50
+LOG_TAIL_CHARS = 16000
+ERROR_CHARS = 2000
+CONFLICT_WAIT_S = 10.0
+
+# Docker states in which the container's process may still hold its GPUs.
+LIVE_STATES = frozenset({"created", "running", "paused", "restarting"})
+SIGNALLABLE_STATES = frozenset({"running", "paused", "restarting"})
+
+ReportState = Literal["pending", "creating", "running", "stopping", "exited", "failed", "missing"]
+
+_NAME_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_DOCKER_NULL_TIME = "0001-01-01T00:00:00Z"
+
+
+def container_name(launch_id: str) -> str:
+    """The container's name, derived from the launch so a redelivered launch collides instead of duplicating."""
+    return f"gpucp-{_safe_id(launch_id)}"
+
+
+def _safe_id(launch_id: str) -> str:
+    # Docker names and our directory names allow a narrow alphabet; any other id maps to a stable digest.
+    if _NAME_SAFE.match(launch_id):
+        return launch_id
+    return "h" + hashlib.sha256(launch_id.encode()).hexdigest()[:32]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def parse_docker_time(value: str | None) -> datetime | None:
+    """Docker writes RFC 3339 with nanoseconds; the zero time means "never"."""
+    if not value or value.startswith("0001-01-01"):
+        return None
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", value)
+    if not m:
+        return None
+    base, frac, tz = m.groups()
+    text = base + (f".{(frac or '0')[:6].ljust(6, '0')}") + ("+00:00" if tz == "Z" else tz)
+    return datetime.fromisoformat(text)
+
+
+def _iso(ts: datetime) -> str:
+    return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def detect_nvidia_runtime(client: docker.DockerClient) -> bool:
+    """True when the engine lists the NVIDIA container runtime."""
+    try:
+        runtimes = client.info().get("Runtimes") or {}
+    except (DockerException, RequestException):
+        return False
+    return "nvidia" in runtimes
+
+
+@dataclass
+class _Launch:
+    """What the runtime knows about one launch, rebuilt from Docker and the launch directory on adoption."""
+
+    launch_id: str
+    reservation: str
+    gpu_uuids: list[str]
+    stop_grace_s: int = 30
+    container: Container | None = None
+    desired: schema.DesiredContainer | None = None
+    # A launch failure that will not heal by retrying (image missing, start refused, window over).
+    final_failure: str | None = None
+    # A refusal that may heal on a later reconcile (the GPU is still held by the previous container).
+    blocked: str | None = None
+    # The window end the warning was sent for: an extended window earns a new warning before its new end.
+    warned_for: str | None = None
+    stop_deadline: datetime | None = None
+    killed: bool = False
+    terminal_reports: int = 0
+    final: schema.ContainerReport | None = None
+    removed: bool = False
+    missing: bool = False
+
+    @property
+    def status(self) -> str | None:
+        if self.container is None:
+            return None
+        return str(self.container.attrs.get("State", {}).get("Status") or self.container.status)
+
+
+class DockerRuntime:
+    """The agent's container runtime on a Docker engine. Follows ``nodeagent.runtime.base.ContainerRuntime``.
+
+    ``node`` names this agent in the ``gpucp.node`` label, so several agents may share one engine (the
+    demo's simulated fleet does) without touching each other's containers. ``gpu_numa`` maps a GPU uuid to
+    its NUMA node and ``numa_cpus`` a NUMA node to its CPU list; with both known, the container is pinned
+    to those CPUs. ``nvidia_runtime`` None means: ask the engine.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path | str,
+        client: docker.DockerClient | None = None,
+        node: str | None = None,
+        numa_cpus: Mapping[str, str] | None = None,
+        gpu_numa: Mapping[str, int | None] | Callable[[str], int | None] | None = None,
+        nvidia_runtime: bool | None = None,
+        network_mode: str = "none",
+        default_memory_limit_mib: int | None = None,
+        default_pids_limit: int | None = 4096,
+        remove_after_reports: int = 2,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.client = client if client is not None else docker.from_env(timeout=30)
+        self.node = node or socket.gethostname()
+        self.state_dir = Path(state_dir)
+        self.launch_root = self.state_dir / "launches" / _safe_id(self.node)
+        self.launch_root.mkdir(parents=True, exist_ok=True)
+        self.numa_cpus = dict(numa_cpus or {})
+        self._gpu_numa = gpu_numa
+        self.nvidia_runtime = detect_nvidia_runtime(self.client) if nvidia_runtime is None else nvidia_runtime
+        self.network_mode = network_mode
+        self.default_memory_limit_mib = default_memory_limit_mib
+        self.default_pids_limit = default_pids_limit
+        self.remove_after_reports = max(1, remove_after_reports)
+        self.clock = clock
+        self._launches: dict[str, _Launch] = {}
+        self._version: str | None = None
+        self._adopt()
+
+    # -- the ContainerRuntime protocol ---------------------------------------------------------------------
+
+    def reconcile(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime) -> None:
+        """Converge Docker to ``desired`` at ``now``: launch, warn, stop, escalate, clean up. Never blocks on a job."""
+        stop_ids = set(stop)
+        wanted = {d.launch_id: d for d in desired if d.launch_id not in stop_ids}
+        self._refresh()
+
+        for launch_id, spec in wanted.items():
+            launch = self._launches.get(launch_id)
+            if launch is None:
+                launch = self._launches[launch_id] = self._new_launch(spec)
+            launch.desired = spec
+            launch.stop_grace_s = spec.stop_grace_s
+        for launch in self._launches.values():
+            if launch.launch_id not in wanted:
+                launch.desired = None
+
+        for launch in list(self._launches.values()):
+            status = launch.status
+            if status in LIVE_STATES:
+                if launch.desired is None or now >= launch.desired.window_end:
+                    self._begin_stop(launch, now)
+                elif launch.warned_for != _iso(launch.desired.window_end) and now >= self._warn_at(launch.desired):
+                    self._warn(launch, now)
+            if launch.stop_deadline is not None and now >= launch.stop_deadline and status in SIGNALLABLE_STATES:
+                self._kill(launch)
+
+        # Launch in the order the control plane listed, so two launches naming one GPU resolve the same way
+        # on every heartbeat: the first keeps it.
+        for spec in wanted.values():
+            launch = self._launches[spec.launch_id]
+            if launch.final is not None or launch.final_failure is not None:
+                continue
+            if launch.container is None:
+                self._launch(launch, spec, now)
+            elif launch.status == "created" and launch.stop_deadline is None and now < spec.window_end:
+                # Created by a runtime that died before starting it (or racing us): starting is idempotent.
+                self._start(launch)
+
+        self._collect_garbage()
+
+    def report(self) -> list[schema.ContainerReport]:
+        """One report per launch this runtime knows, as Docker sees it now."""
+        reports: list[schema.ContainerReport] = []
+        for launch in sorted(self._launches.values(), key=lambda item: item.launch_id):
+            if launch.container is not None:
+                # A hiccup of the engine must not cost the heartbeat its report: say what was last seen.
+                with contextlib.suppress(DockerException, RequestException):
+                    launch.container.reload()
+            item = self._report_one(launch)
+            if item is None:
+                continue
+            if item.state in ("exited", "failed", "missing") and launch.blocked is None:
+                launch.terminal_reports += 1
+                if launch.final is None:
+                    launch.final = item
+                    self._write_json(launch, "final.json", item.model_dump(mode="json"))
+            reports.append(item)
+        return reports
+
+    def facts(self) -> schema.ContainerRuntimeFacts:
+        if self._version is None:
+            try:
+                self._version = str(self.client.version().get("Version") or "")[:256] or None
+            except (DockerException, RequestException) as exc:
+                return schema.ContainerRuntimeFacts(
+                    kind="docker", gpu_mode="none", detail=f"the Docker engine is not reachable: {exc}"[:256]
+                )
+        if self.nvidia_runtime:
+            return schema.ContainerRuntimeFacts(
+                kind="docker",
+                version=self._version,
+                nvidia_runtime=True,
+                gpu_mode="nvidia",
+                detail="GPUs are isolated by the NVIDIA container runtime (device requests by UUID).",
+            )
+        return schema.ContainerRuntimeFacts(
+            kind="docker",
+            version=self._version,
+            nvidia_runtime=False,
+            gpu_mode="env-only",
+            detail=(
+                "The host has no NVIDIA container runtime: GPUs are named by NVIDIA_VISIBLE_DEVICES only "
+                "and are not isolated by the engine."
+            ),
+        )
+
+    def busy_gpus(self) -> set[str]:
+        """GPUs bound to a running container of ours, as of the last reconcile or report."""
+        busy: set[str] = set()
+        for launch in self._launches.values():
+            if launch.status in ("running", "restarting"):
+                busy.update(launch.gpu_uuids)
+        return busy
+
+    # -- adoption and refresh ------------------------------------------------------------------------------
+
+    def _ours(self) -> list[Container]:
+        return self.client.containers.list(
+            all=True, filters={"label": [LABEL_LAUNCH, f"{LABEL_NODE}={self.node}"]}, ignore_removed=True
+        )
+
+    def _adopt(self) -> None:
+        """Take over the containers a previous runtime started on this engine, with their warning and stop state."""
+        for container in self._ours():
+            self._track_container(container)
+        # A launch that finished and was removed keeps its final report until the desired state lets go of it;
+        # without this a restarted agent would launch a finished job a second time.
+        for launch_dir in self.launch_root.iterdir():
+            final = self._read_json(launch_dir / "final.json")
+            if final is None:
+                continue
+            report = schema.ContainerReport.model_validate(final)
+            if report.launch_id in self._launches:
+                continue
+            launch = _Launch(
+                launch_id=report.launch_id,
+                reservation=report.reservation,
+                gpu_uuids=list(report.gpu_uuids),
+                final=report,
+                removed=True,
+            )
+            launch.terminal_reports = self.remove_after_reports
+            self._launches[report.launch_id] = launch
+
+    def _track_container(self, container: Container) -> _Launch:
+        labels = container.labels or {}
+        launch_id = labels[LABEL_LAUNCH]
+        launch = self._launches.get(launch_id)
+        if launch is None:
+            gpus = [g for g in (labels.get(LABEL_GPUS) or "").split(",") if g]
+            launch = _Launch(
+                launch_id=launch_id, reservation=labels.get(LABEL_RESERVATION) or launch_id, gpu_uuids=gpus
+            )
+            with contextlib.suppress(ValueError):
+                launch.stop_grace_s = int(labels.get(LABEL_GRACE, "30"))
+            directory = self._dir(launch_id)
+            with contextlib.suppress(OSError):
+                launch.warned_for = (directory / "warned").read_text().strip() or None
+            deadline = self._read_json(directory / "stopping.json")
+            if deadline:
+                launch.stop_deadline = datetime.fromisoformat(deadline["deadline"])
+                launch.killed = bool(deadline.get("killed"))
+            final = self._read_json(directory / "final.json")
+            if final:
+                launch.final = schema.ContainerReport.model_validate(final)
+                if launch.final.state == "failed":
+                    launch.final_failure = launch.final.error
+            self._launches[launch_id] = launch
+        launch.container = container
+        return launch
+
+    def _refresh(self) -> None:
+        seen: set[str] = set()
+        for container in self._ours():
+            launch = self._track_container(container)
+            seen.add(launch.launch_id)
+        for launch in self._launches.values():
+            if launch.container is not None and launch.launch_id not in seen:
+                # Gone without us removing it (an operator's `docker rm`): report it missing, never relaunch.
+                launch.container = None
+                if not launch.removed and launch.final is None:
+                    launch.final_failure = launch.final_failure or "the container disappeared from the engine"
+                    launch.missing = True
+
+    # -- launching -----------------------------------------------------------------------------------------
+
+    def _new_launch(self, spec: schema.DesiredContainer) -> _Launch:
+        return _Launch(
+            launch_id=spec.launch_id,
+            reservation=spec.reservation,
+            gpu_uuids=list(spec.gpu_uuids),
+            stop_grace_s=spec.stop_grace_s,
+        )
+
+    def _launch(self, launch: _Launch, spec: schema.DesiredContainer, now: datetime) -> None:
+        if now < spec.window_start:
+            return  # reported as pending: a container runs only inside its window
+        if now >= spec.window_end:
+            self._fail(launch, "the window ended before the container could start")
+            return
+        holder = self._gpu_holder(spec)
+        if holder is not None:
+            gpu, other = holder
+            launch.blocked = f"GPU {gpu} is already bound to launch {other}"
+            return
+        launch.blocked = None
+        mount_dir = self._dir(spec.launch_id) / "mount"
+        mount_dir.mkdir(parents=True, exist_ok=True)
+        # The job may run as any user; it must be able to read the warning file.
+        os.chmod(mount_dir, 0o755)  # noqa: S103 - world-readable on purpose, nothing secret lives here
+        try:
+            container = self.client.containers.create(**self._create_args(spec, mount_dir))
+        except ImageNotFound:
+            self._fail(launch, f"image not found: {spec.image}")
+            return
+        except APIError as exc:
+            if exc.status_code != 409:
+                self._fail(launch, f"the engine refused to create the container: {exc.explanation or exc}")
+                return
+            # Another runtime (a restarted agent, a racing heartbeat) created it first: adopt, never duplicate.
+            container = self._get_conflicting(container_name(spec.launch_id))
+            if container is None:
+                return  # removed in between; the next reconcile looks again
+            if (container.labels or {}).get(LABEL_LAUNCH) != spec.launch_id:
+                self._fail(launch, f"a container named {container.name} exists and is not this launch's")
+                return
+            self._track_container(container)
+            return
+        launch.container = container
+        self._start(launch)
+        log.info("launched %s on %s as %s", spec.launch_id, ",".join(spec.gpu_uuids), container.short_id)
+
+    def _get_conflicting(self, name: str) -> Container | None:
+        # The engine reserves a name before the container can be inspected (creating its file system takes
+        # seconds on a loaded host), so a racing creator's container answers 404 for a while after our 409.
+        # The wait is bounded and only ever paid in that race.
+        deadline = time.monotonic() + CONFLICT_WAIT_S
+        while True:
+            try:
+                return self.client.containers.get(name)
+            except NotFound:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.1)
+
+    def _start(self, launch: _Launch) -> None:
+        container = launch.container
+        assert container is not None
+        try:
+            container.start()
+        except NotFound:
+            launch.container = None
+            return
+        except APIError as exc:
+            # 304: already started by a racing runtime, which is the state we want.
+            if exc.status_code != 304:
+                self._fail(launch, f"the container did not start: {exc.explanation or exc}")
+                # A container that never started holds nothing worth keeping, and left in "created" it
+                # would look like a live holder of its GPUs.
+                self._remove(launch)
+                return
+        with contextlib.suppress(NotFound):
+            container.reload()
+
+    def _create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
+        gpus = ",".join(spec.gpu_uuids)
+        env = dict(spec.env)
+        # Ours last: a tenant's env must not widen the GPUs it sees or fake its window.
+        env.update(
+            {
+                "NVIDIA_VISIBLE_DEVICES": gpus,
+                "GPUCP_RESERVATION": spec.reservation,
+                "GPUCP_WINDOW_END": _iso(spec.window_end),
+                "GPUCP_WARN_FILE": WARN_FILE,
+            }
+        )
+        memory = spec.memory_limit_mib if spec.memory_limit_mib is not None else self.default_memory_limit_mib
+        pids = spec.pids_limit if spec.pids_limit is not None else self.default_pids_limit
+        args: dict[str, Any] = {
+            "image": spec.image,
+            "command": list(spec.command) or None,
+            "name": container_name(spec.launch_id),
+            "detach": True,
+            "labels": {
+                LABEL_LAUNCH: spec.launch_id,
+                LABEL_RESERVATION: spec.reservation,
+                LABEL_PROJECT: spec.project,
+                LABEL_GPUS: gpus,
+                LABEL_WINDOW_END: _iso(spec.window_end),
+                LABEL_GRACE: str(spec.stop_grace_s),
+                LABEL_NODE: self.node,
+            },
+            "environment": env,
+            "privileged": False,
+            "security_opt": ["no-new-privileges"],
+            "network_mode": self.network_mode,
+            "volumes": {str(mount_dir): {"bind": MOUNT_POINT, "mode": "ro"}},
+        }
+        if memory:
+            args["mem_limit"] = f"{memory}m"
+        if pids:
+            args["pids_limit"] = pids
+        cpuset = self.cpuset_for(spec.gpu_uuids)
+        if cpuset:
+            args["cpuset_cpus"] = cpuset
+        if self.nvidia_runtime:
+            args["device_requests"] = [
+                docker.types.DeviceRequest(driver="nvidia", device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
+            ]
+        return args
+
+    def cpuset_for(self, gpu_uuids: Iterable[str]) -> str | None:
+        """The CPUs of the NUMA node(s) the GPUs sit on; None when any of them is unknown (no pinning then)."""
+        nodes: list[int] = []
+        for uuid in gpu_uuids:
+            numa = self._numa_of(uuid)
+            if numa is None or numa < 0 or str(numa) not in self.numa_cpus:
+                return None
+            if numa not in nodes:
+                nodes.append(numa)
+        if not nodes:
+            return None
+        return ",".join(self.numa_cpus[str(n)] for n in sorted(nodes))
+
+    def _numa_of(self, uuid: str) -> int | None:
+        if self._gpu_numa is None:
+            return None
+        if callable(self._gpu_numa):
+            return self._gpu_numa(uuid)
+        return self._gpu_numa.get(uuid)
+
+    def _gpu_holder(self, spec: schema.DesiredContainer) -> tuple[str, str] | None:
+        wanted = set(spec.gpu_uuids)
+        for other in self._launches.values():
+            if other.launch_id == spec.launch_id or other.status not in LIVE_STATES:
+                continue
+            for gpu in spec.gpu_uuids:
+                if gpu in wanted and gpu in other.gpu_uuids:
+                    return gpu, other.launch_id
+        return None
+
+    def _fail(self, launch: _Launch, reason: str) -> None:
+        log.warning("launch %s failed: %s", launch.launch_id, reason)
+        launch.final_failure = reason[:ERROR_CHARS]
+
+    # -- warning and stop ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _warn_at(spec: schema.DesiredContainer) -> datetime:
+        if spec.warn_before_s <= 0:
+            return spec.window_end  # no warning: the stop comes first
+        return spec.window_end - timedelta(seconds=spec.warn_before_s)
+
+    def _warn(self, launch: _Launch, now: datetime) -> None:
+        spec = launch.desired
+        assert spec is not None
+        mount_dir = self._dir(launch.launch_id) / "mount"
+        mount_dir.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "window_end": _iso(spec.window_end),
+            "stop_at": _iso(spec.window_end),
+            "kill_at": _iso(spec.window_end + timedelta(seconds=spec.stop_grace_s)),
+        }
+        tmp = mount_dir / ".warning.tmp"
+        tmp.write_text(json.dumps(payload) + "\n")
+        os.chmod(tmp, 0o644)
+        # A rename, so the job never reads half a file.
+        tmp.replace(mount_dir / "warning")
+        # The marker goes first: a crash between it and the signal loses one warning, never sends two.
+        launch.warned_for = _iso(spec.window_end)
+        (self._dir(launch.launch_id) / "warned").write_text(launch.warned_for + "\n")
+        self._signal(launch, "SIGUSR1")
+
+    def _begin_stop(self, launch: _Launch, now: datetime) -> None:
+        if launch.stop_deadline is not None:
+            return
+        if launch.status == "created":
+            # Never started: nothing to warn or wait for.
+            self._remove(launch)
+            if launch.final_failure is None:
+                self._fail(launch, "stopped before it started")
+            return
+        launch.stop_deadline = now + timedelta(seconds=launch.stop_grace_s)
+        self._write_json(launch, "stopping.json", {"deadline": launch.stop_deadline.isoformat(), "killed": False})
+        if launch.stop_grace_s <= 0:
+            self._kill(launch)
+        else:
+            self._signal(launch, "SIGTERM")
+
+    def _kill(self, launch: _Launch) -> None:
+        if launch.killed:
+            return
+        launch.killed = True
+        assert launch.stop_deadline is not None
+        self._write_json(launch, "stopping.json", {"deadline": launch.stop_deadline.isoformat(), "killed": True})
+        self._signal(launch, "SIGKILL")
+
+    def _signal(self, launch: _Launch, signal: str) -> None:
+        if launch.container is None:
+            return
+        try:
+            launch.container.kill(signal=signal)
+        except NotFound:
+            launch.container = None
+        except APIError as exc:
+            # 409: it exited between our look and the signal, which is what a stop wants anyway.
+            if exc.status_code != 409:
+                raise
+        log.info("sent %s to %s", signal, launch.launch_id)
+
+    # -- reporting and clean-up ----------------------------------------------------------------------------
+
+    def _report_one(self, launch: _Launch) -> schema.ContainerReport | None:
+        def report(state: ReportState, **fields: Any) -> schema.ContainerReport:
+            return schema.ContainerReport(
+                launch_id=launch.launch_id,
+                reservation=launch.reservation,
+                gpu_uuids=list(launch.gpu_uuids),
+                state=state,
+                **fields,
+            )
+
+        container = launch.container
+        if container is None:
+            if launch.blocked is not None:
+                return report("failed", error=launch.blocked)
+            if launch.missing:
+                return report("missing", error=launch.final_failure)
+            if launch.final_failure is not None:
+                return report("failed", error=launch.final_failure)
+            if launch.final is not None:
+                return launch.final
+            if launch.desired is not None:
+                return report("pending")
+            return None
+        state_info = container.attrs.get("State", {})
+        status = state_info.get("Status") or container.status
+        finished = status in ("exited", "dead")
+        state: ReportState
+        if launch.final_failure is not None:
+            state = "failed"
+        elif finished:
+            state = "exited"
+        elif status == "created":
+            state = "creating"
+        elif launch.stop_deadline is not None:
+            state = "stopping"
+        else:
+            state = "running"
+        error = launch.final_failure or (state_info.get("Error") or None)
+        return report(
+            state,
+            container_id=container.id,
+            started_at=parse_docker_time(state_info.get("StartedAt")),
+            finished_at=parse_docker_time(state_info.get("FinishedAt")) if finished else None,
+            exit_code=state_info.get("ExitCode") if finished else None,
+            error=error[:ERROR_CHARS] if error else None,
+            log_tail=self._log_tail(container) if state in ("exited", "failed") else None,
+        )
+
+    @staticmethod
+    def _log_tail(container: Container) -> str | None:
+        try:
+            raw = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES)
+        except (DockerException, RequestException):
+            return None
+        text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+        if len(text) > LOG_TAIL_CHARS:
+            text = text[-LOG_TAIL_CHARS:]
+            # Start at a whole line when one fits; a single huge line is kept cut.
+            _, newline, rest = text.partition("\n")
+            if newline and rest:
+                text = rest
+        return text
+
+    def _collect_garbage(self) -> None:
+        """Remove finished containers once reported, and forget launches the desired state no longer holds."""
+        for launch in list(self._launches.values()):
+            never_ran = launch.container is None and launch.final is None and launch.final_failure is None
+            if launch.desired is None and never_ran:
+                # Dropped from the desired state before it ever ran (cancelled while pending or blocked).
+                del self._launches[launch.launch_id]
+                shutil.rmtree(self._dir(launch.launch_id), ignore_errors=True)
+                continue
+            terminal = (
+                launch.final is not None or launch.final_failure is not None or launch.status in ("exited", "dead")
+            )
+            if not terminal or launch.terminal_reports < self.remove_after_reports:
+                continue
+            if launch.container is not None:
+                self._remove(launch)
+            if launch.desired is None:
+                del self._launches[launch.launch_id]
+                shutil.rmtree(self._dir(launch.launch_id), ignore_errors=True)
+
+    def _remove(self, launch: _Launch) -> None:
+        if launch.container is None:
+            return
+        try:
+            launch.container.remove(force=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            # 409: removal already in progress (a racing runtime); the next refresh will not see it.
+            if exc.status_code != 409:
+                raise
+        launch.container = None
+        launch.removed = True
+
+    # -- launch directories --------------------------------------------------------------------------------
+
+    def _dir(self, launch_id: str) -> Path:
+        path = self.launch_root / _safe_id(launch_id)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _write_json(self, launch: _Launch, name: str, payload: dict[str, Any]) -> None:
+        path = self._dir(launch.launch_id) / name
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload))
+        tmp.replace(path)
+
+    @staticmethod
+    def _read_json(path: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
