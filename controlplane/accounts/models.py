@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -57,6 +59,6 @@ class ApiToken(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.lookup})"
 
-    def is_active(self, now: timezone.datetime | None = None) -> bool:
+    def is_active(self, now: datetime | None = None) -> bool:
         now = now or timezone.now()
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)

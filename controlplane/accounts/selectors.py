@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from controlplane.accounts.choices import BOOKING_ROLES, Role
-from controlplane.accounts.models import Membership, Project
+from controlplane.accounts.models import ApiToken, Membership, Project
 
 
 def is_operator(user: Any) -> bool:
@@ -37,3 +37,14 @@ def can_book(user: Any, project: Project | int) -> bool:
 
 def can_manage(user: Any, project: Project | int) -> bool:
     return is_operator(user) or role_in(user, project) == Role.OWNER
+
+
+def members_of(project: Project) -> QuerySet[Membership]:
+    return Membership.objects.filter(project=project).select_related("user").order_by("user__username")
+
+
+def api_tokens_of(user: Any) -> QuerySet[ApiToken]:
+    """A caller's own tokens only: even operators manage other people's tokens in the admin, not the API."""
+    if not user or not user.is_authenticated:
+        return ApiToken.objects.none()
+    return ApiToken.objects.filter(user=user)

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from controlplane.accounts.choices import Role
+from controlplane.accounts.models import ApiToken, Membership, Project
+
+User = get_user_model()
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Project
+        fields = ["id", "name", "slug", "description", "requeue_on_interrupt", "created_at"]
+        read_only_fields = ["id", "slug", "created_at"]
+
+
+class ProjectCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120)
+    slug = serializers.SlugField(max_length=80, required=False, allow_blank=True, default="")
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    requeue_on_interrupt = serializers.BooleanField(required=False, default=False)
+    owner = serializers.SlugRelatedField(
+        slug_field="username", queryset=User.objects.all(), help_text="Username of the project's first owner."
+    )
+
+
+class ProjectUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120, required=False)
+    description = serializers.CharField(required=False, allow_blank=True)
+    requeue_on_interrupt = serializers.BooleanField(required=False)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+    user_id = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["user_id", "username", "role", "created_at"]
+        read_only_fields = fields
+
+
+class MembershipAddSerializer(serializers.Serializer):
+    username = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.filter(is_active=True))
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class MembershipRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    active = serializers.SerializerMethodField()
+    prefix = serializers.SerializerMethodField(help_text="The token's public part, to recognise it.")
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at", "active"]
+        read_only_fields = fields
+
+    def get_active(self, token: ApiToken) -> bool:
+        return token.is_active()
+
+    def get_prefix(self, token: ApiToken) -> str:
+        return f"gcp_{token.lookup}_"
+
+
+class ApiTokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The plaintext token. Shown only in this response.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class MeMembershipSerializer(serializers.ModelSerializer):
+    project_id = serializers.IntegerField(read_only=True)
+    project_slug = serializers.CharField(source="project.slug", read_only=True)
+    project_name = serializers.CharField(source="project.name", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["project_id", "project_slug", "project_name", "role"]
+        read_only_fields = fields
+
+
+class MeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    is_operator = serializers.BooleanField()
+    memberships = MeMembershipSerializer(many=True)
+
+
+class LoginSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    password = serializers.CharField(style={"input_type": "password"}, trim_whitespace=False)
+
+
+class CsrfSerializer(serializers.Serializer):
+    csrf_token = serializers.CharField(help_text="Send it back in the X-CSRFToken header on unsafe requests.")

@@ -1,0 +1,278 @@
+"""Idempotency-Key: a POST sent again with the same key is answered from the first, never run twice."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from controlplane.accounts.models import ApiToken
+from controlplane.core.choices import IdempotencyState
+from controlplane.core.idempotency import caller_scope
+from controlplane.core.models import IdempotencyRecord
+from controlplane.core.tasks import prune_idempotency_records
+from tests.core import urls as test_urls
+from tests.factories import ApiTokenFactory, UserFactory
+
+
+def bearer_client(token: ApiToken) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token.plaintext}")  # type: ignore[attr-defined]
+    return client
+
+
+@pytest.fixture
+def token(db) -> ApiToken:
+    return ApiTokenFactory(name="automation")
+
+
+def created_tokens(token: ApiToken) -> int:
+    return ApiToken.objects.filter(user=token.user).exclude(pk=token.pk).count()
+
+
+def post_token(client: APIClient, key: str, name: str = "ci"):  # type: ignore[no-untyped-def]
+    return client.post("/api/v1/tokens/", {"name": name}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+def test_replay_returns_the_first_response_and_creates_nothing_new(token):
+    client = bearer_client(token)
+    first = post_token(client, "k-1")
+    second = post_token(client, "k-1")
+    assert first.status_code == second.status_code == 201
+    assert "Idempotent-Replayed" not in first
+    assert second["Idempotent-Replayed"] == "true"
+    assert second.json() == first.json()
+    assert created_tokens(token) == 1
+
+
+def test_a_new_key_runs_the_request_again(token):
+    client = bearer_client(token)
+    post_token(client, "k-1")
+    post_token(client, "k-2")
+    assert created_tokens(token) == 2
+
+
+def test_same_key_with_another_body_is_422(token):
+    client = bearer_client(token)
+    post_token(client, "k-1", name="ci")
+    response = post_token(client, "k-1", name="other")
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "idempotency_key_reused"
+    assert "Idempotency-Key" in response.json()["error"]["fields"]
+    assert created_tokens(token) == 1
+
+
+def test_same_key_on_another_path_is_422(token):
+    client = bearer_client(token)
+    post_token(client, "k-1")
+    response = client.post(f"/api/v1/tokens/{token.pk}/revoke/", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert response.status_code == 422
+    token.refresh_from_db()
+    assert token.revoked_at is None
+
+
+@pytest.mark.parametrize("key", ["", "   ", "x" * 256])
+def test_invalid_key_is_400_naming_the_header(token, key):
+    response = post_token(bearer_client(token), key)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_idempotency_key"
+    assert list(error["fields"]) == ["Idempotency-Key"]
+    assert created_tokens(token) == 0
+
+
+def test_a_255_character_key_is_accepted(token):
+    assert post_token(bearer_client(token), "x" * 255).status_code == 201
+
+
+def test_two_callers_never_share_a_key(token):
+    other = ApiTokenFactory()
+    post_token(bearer_client(token), "shared")
+    response = post_token(bearer_client(other), "shared", name="theirs")
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert ApiToken.objects.filter(user=other.user, name="theirs").count() == 1
+
+
+def test_session_callers_are_scoped_by_user(db):
+    alice, bob = UserFactory(), UserFactory()
+    a, b = APIClient(), APIClient()
+    a.force_login(alice)
+    b.force_login(bob)
+    assert post_token(a, "same").status_code == 201
+    response = post_token(b, "same")
+    assert "Idempotent-Replayed" not in response
+    assert post_token(a, "same")["Idempotent-Replayed"] == "true"
+    assert ApiToken.objects.filter(user=alice).count() == 1
+    assert ApiToken.objects.filter(user=bob).count() == 1
+
+
+def test_a_4xx_outcome_is_stored_and_replayed(token):
+    client = bearer_client(token)
+    first = client.post("/api/v1/tokens/", {"name": ""}, format="json", HTTP_IDEMPOTENCY_KEY="bad")
+    second = client.post("/api/v1/tokens/", {"name": ""}, format="json", HTTP_IDEMPOTENCY_KEY="bad")
+    assert first.status_code == second.status_code == 400
+    assert second["Idempotent-Replayed"] == "true"
+    assert second.json() == first.json()
+
+
+def test_an_authentication_failure_is_not_stored(db):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer gcp_000000000000_wrong")
+    assert post_token(client, "k").status_code == 401
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.urls("tests.core.urls")
+def test_a_5xx_frees_the_key_so_a_retry_runs(token):
+    client = bearer_client(token)
+    test_urls.calls.clear()
+    body = {"outcome": "crash"}
+    assert client.post("/api/v1/test/echo/", body, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 500
+    assert not IdempotencyRecord.objects.exists()
+    assert client.post("/api/v1/test/echo/", body, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 500
+    assert test_urls.calls == ["crash", "crash"]
+
+
+@pytest.mark.urls("tests.core.urls")
+def test_agent_endpoints_are_exempt(token):
+    client = bearer_client(token)
+    test_urls.calls.clear()
+    client.post("/api/v1/agent/ping/", HTTP_IDEMPOTENCY_KEY="k")
+    client.post("/api/v1/agent/ping/", HTTP_IDEMPOTENCY_KEY="k")
+    assert test_urls.calls == ["agent", "agent"]
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_request_without_the_header_is_not_recorded(token):
+    client = bearer_client(token)
+    client.post("/api/v1/tokens/", {"name": "ci"}, format="json")
+    client.post("/api/v1/tokens/", {"name": "ci"}, format="json")
+    assert created_tokens(token) == 2
+    assert not IdempotencyRecord.objects.exists()
+
+
+def in_progress_record(token: ApiToken, key: str, *, age: timedelta = timedelta(0)) -> IdempotencyRecord:
+    """The record a concurrent first request holds while it runs, made by replaying its fingerprint."""
+    client = bearer_client(token)
+    post_token(client, key)
+    record = IdempotencyRecord.objects.get(key=key)
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        state=IdempotencyState.IN_PROGRESS, response_status=None, response_body=None, created_at=timezone.now() - age
+    )
+    ApiToken.objects.filter(user=token.user).exclude(pk=token.pk).delete()
+    return record
+
+
+def test_a_duplicate_of_a_request_still_running_waits_then_gets_409(token, settings):
+    settings.IDEMPOTENCY_WAIT_S = 0.2
+    in_progress_record(token, "k")
+    response = post_token(bearer_client(token), "k")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "idempotency_request_in_progress"
+    assert "still in progress" in response.json()["error"]["message"]
+    assert created_tokens(token) == 0
+
+
+def test_an_abandoned_in_progress_record_is_taken_over(token, settings):
+    settings.IDEMPOTENCY_STALE_AFTER_S = 60
+    in_progress_record(token, "k", age=timedelta(minutes=5))
+    response = post_token(bearer_client(token), "k")
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert created_tokens(token) == 1
+
+
+def test_an_expired_key_runs_again(token):
+    client = bearer_client(token)
+    post_token(client, "k")
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+    response = post_token(client, "k", name="new body is fine after expiry")
+    assert response.status_code == 201
+    assert created_tokens(token) == 2
+
+
+def test_prune_deletes_only_expired_records(token):
+    client = bearer_client(token)
+    post_token(client, "old")
+    post_token(client, "fresh")
+    IdempotencyRecord.objects.filter(key="old").update(created_at=timezone.now() - timedelta(hours=25))
+    assert prune_idempotency_records() == 1
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["fresh"]
+
+
+def test_scope_is_a_hash_not_the_credential(token):
+    record_client = bearer_client(token)
+    post_token(record_client, "k")
+    scope = IdempotencyRecord.objects.get().scope
+    assert token.plaintext not in scope and len(scope) == 64  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_replays_create_exactly_one_token():
+    token = ApiTokenFactory(name="automation")
+    n = 8
+    barrier = threading.Barrier(n)
+    results: list[tuple[int, bool, dict]] = []
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            client = bearer_client(token)
+            barrier.wait(timeout=10)
+            response = post_token(client, "race")
+            results.append((response.status_code, response.has_header("Idempotent-Replayed"), response.json()))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert [status for status, _, _ in results] == [201] * n
+    assert sum(1 for _, replayed, _ in results if not replayed) == 1
+    assert len({body["id"] for _, _, body in results}) == 1
+    assert created_tokens(token) == 1
+    assert IdempotencyRecord.objects.get().state == IdempotencyState.COMPLETED
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_replays_with_different_bodies_run_one_and_refuse_the_rest():
+    token = ApiTokenFactory(name="automation")
+    n = 6
+    barrier = threading.Barrier(n)
+    statuses: list[int] = []
+
+    def send(i: int) -> None:
+        try:
+            client = bearer_client(token)
+            barrier.wait(timeout=10)
+            statuses.append(post_token(client, "race", name=f"t{i}").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(statuses) == [201] + [422] * (n - 1)
+    assert created_tokens(token) == 1
+
+
+def test_caller_scope_ignores_anonymous_requests(rf):
+    from django.contrib.auth.models import AnonymousUser
+
+    request = rf.post("/api/v1/auth/login/")
+    request.user = AnonymousUser()
+    assert caller_scope(request) is None
