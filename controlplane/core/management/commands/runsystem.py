@@ -1,0 +1,458 @@
+"""Run the whole system on one machine: web, Celery worker and beat, and a local fleet of simulated agents.
+
+With no environment it runs on the embedded defaults (SQLite and the filesystem broker under ``var/``); with
+``DATABASE_URL`` and ``REDIS_URL`` it uses PostgreSQL and Redis. ``--check`` starts everything, waits until
+the API answers and every agent has enrolled and reported its GPUs, prints a summary and exits: the smoke
+test of a checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from controlplane.core.management.demo import DemoResult, operator_user, seed_demo
+from controlplane.core.management.supervisor import Supervisor
+
+DEFAULT_FLEET = "sim-h100-01=8xH100-80GB,sim-h100-02=8xH100-80GB,sim-a100-01=4xA100-40GB"
+DEFAULT_BIND = "127.0.0.1:8000"
+_SPEC = re.compile(r"^(?P<count>[1-9]\d*)x(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*)$")
+_HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+# Join tokens minted for local agents only need to outlive the start-up.
+_JOIN_TOKEN_TTL_S = 3600
+
+
+@dataclass(frozen=True)
+class FleetMember:
+    hostname: str
+    gpu_count: int
+    gpu_model: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.gpu_count}x{self.gpu_model}"
+
+
+def parse_fleet(raw: str) -> list[FleetMember]:
+    """Parse ``host=COUNTxMODEL,...``; errors name RUNSYSTEM_FLEET and the offending entry."""
+    members: list[FleetMember] = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        hostname, sep, spec = entry.partition("=")
+        hostname, spec = hostname.strip(), spec.strip()
+        match = _SPEC.match(spec)
+        if not sep or not match:
+            raise CommandError(f"RUNSYSTEM_FLEET: {entry!r} is not HOSTNAME=COUNTxMODEL (e.g. sim-01=8xH100-80GB)")
+        if not _HOSTNAME.match(hostname):
+            raise CommandError(f"RUNSYSTEM_FLEET: {hostname!r} is not a valid host name (lower case, digits, - and .)")
+        if any(m.hostname == hostname for m in members):
+            raise CommandError(f"RUNSYSTEM_FLEET: {hostname!r} appears twice")
+        members.append(FleetMember(hostname, int(match["count"]), match["model"]))
+    return members
+
+
+def parse_bind(raw: str, port: int | None) -> tuple[str, int]:
+    host, sep, port_text = raw.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise CommandError(f"RUNSYSTEM_BIND must be HOST:PORT (e.g. {DEFAULT_BIND}), not {raw!r}")
+    return host, port if port is not None else int(port_text)
+
+
+def agent_state_dir(member: FleetMember) -> Path:
+    return Path(settings.VAR_DIR) / "agents" / member.hostname
+
+
+def portal_is_stale(frontend: Path) -> bool:
+    """Whether any source of the portal changed since ``dist/index.html`` was built."""
+    built = frontend / "dist" / "index.html"
+    if not built.exists():
+        return True
+    built_at = built.stat().st_mtime
+    for directory, subdirs, files in os.walk(frontend):
+        # Pruned in place so the walk never descends into them: node_modules alone is tens of thousands of files.
+        subdirs[:] = [d for d in subdirs if d not in {"node_modules", "dist"} and not d.startswith(".")]
+        if any(os.stat(os.path.join(directory, name)).st_mtime > built_at for name in files):
+            return True
+    return False
+
+
+def docker_engine() -> tuple[bool, str]:
+    """Whether a Docker engine answers here, and a word on why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        version = client.version().get("Version", "?")
+        client.close()
+        return True, f"Docker engine {version}"
+    except Exception as exc:  # any failure means "no engine": the agents run without one
+        return False, f"no Docker engine reachable ({exc.__class__.__name__})"
+
+
+class Command(BaseCommand):
+    help = "Run the whole system on this machine: web, worker, beat and simulated agents."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, help="Port for the web server (overrides RUNSYSTEM_BIND's).")
+        parser.add_argument("--no-agents", action="store_true", help="Start no simulated agents.")
+        parser.add_argument("--no-worker", action="store_true", help="Start no Celery worker or beat.")
+        parser.add_argument("--no-frontend", action="store_true", help="Do not build the portal.")
+        parser.add_argument("--migrate-only", action="store_true", help="Migrate and seed the demo data, then exit.")
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Start everything, wait until the API answers and every agent reports, print a summary, exit.",
+        )
+        parser.add_argument("--check-timeout", type=float, default=120.0, help="Seconds --check waits (120).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        fleet = [] if options["no_agents"] else parse_fleet(os.environ.get("RUNSYSTEM_FLEET") or DEFAULT_FLEET)
+        host, port = parse_bind(os.environ.get("RUNSYSTEM_BIND") or DEFAULT_BIND, options["port"])
+        database = settings.DATABASES["default"]
+        self.note(f"database: {database['ENGINE'].rsplit('.', 1)[-1]} {database.get('NAME') or ''}".rstrip())
+        self.note(f"broker:   {'redis' if settings.REDIS_URL else 'embedded (filesystem under var/broker)'}")
+
+        # Before anything slow: a second copy of the system on the same port is the usual mistake.
+        if not options["migrate_only"] and not self.port_is_free(host, port):
+            raise CommandError(f"{host}:{port} is already in use: pass --port or set RUNSYSTEM_BIND")
+        call_command("migrate", interactive=False, verbosity=max(0, options["verbosity"] - 1))
+        self.note("database migrated")
+        demo = seed_demo()
+        for line in demo.notes:
+            self.note(line)
+        if options["migrate_only"]:
+            self.print_logins(demo)
+            return
+
+        if not options["no_frontend"]:
+            self.note(self.build_frontend())
+
+        use_docker, docker_word = docker_engine() if fleet else (False, "")
+        if fleet:
+            self.note(f"agents:   container runtime {'docker' if use_docker else 'none'}: {docker_word}")
+        self.run_children(
+            fleet=fleet,
+            host=host,
+            port=port,
+            use_docker=use_docker,
+            demo=demo,
+            with_worker=not options["no_worker"],
+            check=options["check"],
+            check_timeout=options["check_timeout"],
+        )
+
+    # --- start-up steps ---------------------------------------------------------------------------------
+
+    _supervisor: Supervisor | None = None
+
+    def note(self, line: str) -> None:
+        # Through the supervisor once it runs, so these lines line up with the children's.
+        if self._supervisor is not None:
+            self._supervisor.say("runsystem", line)
+        else:
+            self.stdout.write(f"runsystem | {line}")
+
+    @staticmethod
+    def port_is_free(host: str, port: int) -> bool:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                return False
+        return True
+
+    def build_frontend(self) -> str:
+        frontend = Path(settings.BASE_DIR) / "frontend"
+        if not (frontend / "package.json").exists():
+            return "portal: no frontend/ in this checkout, nothing to build"
+        npm = shutil.which("npm")
+        if not npm:
+            return "portal: npm is not installed, so the portal is not built (the API and /admin/ still work)"
+        if not portal_is_stale(frontend):
+            return "portal: frontend/dist is newer than its sources, not rebuilt"
+        steps: list[list[str]] = []
+        if not (frontend / "node_modules").is_dir():
+            steps.append([npm, "ci", "--no-audit", "--no-fund"])
+        steps.append([npm, "run", "build"])
+        for step in steps:
+            self.note(f"portal: {' '.join(step[1:])}")
+            done = subprocess.run(step, cwd=frontend, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+                for line in tail:
+                    self.note(f"portal: {line}")
+                return f"portal: `npm {step[1]}` failed, so the portal is not served (the API and /admin/ still work)"
+        return "portal: built into frontend/dist"
+
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            PYTHONUNBUFFERED="1",
+            DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE", "controlplane.settings"),
+            # The children must share this process's var/ (database, broker, keys) even when it was defaulted.
+            CONTROLPLANE_VAR_DIR=str(settings.VAR_DIR),
+        )
+        return env
+
+    def web_argv(self, host: str, port: int) -> list[str]:
+        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if settings.DEBUG:
+            return [sys.executable, "manage.py", "runserver", "--noreload", bind]
+        argv = [sys.executable, "-m", "gunicorn", "controlplane.core.management.localwsgi:application",
+                "--bind", bind, "--workers", "2", "--threads", "4", "--graceful-timeout", "5"]  # fmt: skip
+        from gunicorn.config import KNOWN_SETTINGS
+
+        # Newer gunicorn opens a control socket at one fixed path in $HOME, which two checkouts would share.
+        if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS):
+            argv.append("--no-control-socket")
+        return argv
+
+    @staticmethod
+    def worker_argv() -> list[str]:
+        argv = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
+                "--concurrency", "4", "--loglevel", "INFO", "--hostname", "runsystem@%h"]  # fmt: skip
+        if not settings.REDIS_URL:
+            # Gossip and mingle poll the broker for other workers; on the filesystem broker with one worker
+            # they only slow the start and fill var/broker.
+            argv += ["--without-gossip", "--without-mingle"]
+        return argv
+
+    @staticmethod
+    def beat_argv() -> list[str]:
+        return [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO",
+                "--schedule", str(settings.CELERY_BEAT_SCHEDULE_FILENAME)]  # fmt: skip
+
+    @staticmethod
+    def agent_argv(member: FleetMember, *, url: str, use_docker: bool) -> list[str]:
+        state_dir = agent_state_dir(member)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        return [
+            sys.executable, "-m", "nodeagent", "run", "--server", url, "--simulate", member.spec,
+            "--hostname", member.hostname, "--state-dir", str(state_dir),
+            "--runtime", "docker" if use_docker else "none",
+        ]  # fmt: skip
+
+    # --- running ----------------------------------------------------------------------------------------
+
+    def run_children(
+        self,
+        *,
+        fleet: list[FleetMember],
+        host: str,
+        port: int,
+        use_docker: bool,
+        demo: DemoResult,
+        with_worker: bool,
+        check: bool,
+        check_timeout: float,
+    ) -> None:
+        url = f"http://{'localhost' if host in {'0.0.0.0', '::'} else host}:{port}"  # noqa: S104 - a URL, not a bind
+        supervisor = Supervisor(out=sys.stdout, env=self.child_env(), cwd=str(settings.BASE_DIR))
+        self._supervisor = supervisor
+        stop_requested: list[int] = []
+
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            stop_requested.append(signum)
+
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        deadline = time.monotonic() + check_timeout
+        try:
+            supervisor.start("web", self.web_argv(host, port))
+            if with_worker:
+                supervisor.start("worker", self.worker_argv())
+                supervisor.start("beat", self.beat_argv())
+            self.wait_for_web(url, supervisor, stop_requested, deadline if check else None)
+            if stop_requested:
+                return
+            self.print_banner(url, demo)
+
+            since = timezone.now()
+            operator = operator_user()
+            for member in fleet:
+                env = self.child_env()
+                token = self.join_token_if_needed(operator, member)
+                if token is not None:
+                    # In the environment, not argv: a join token should not show in the process list.
+                    env["NODEAGENT_JOIN_TOKEN"] = token
+                supervisor.start(member.hostname, self.agent_argv(member, url=url, use_docker=use_docker), env=env)
+            pending = {m.hostname: m for m in fleet}
+            announced = False
+            while not stop_requested:
+                self.raise_if_a_child_died(supervisor)
+                for hostname, state in self.bring_up(pending, since=since, operator=operator).items():
+                    self.note(f"{hostname} enrolled and reporting; {state}")
+                    del pending[hostname]
+                if not pending and not announced:
+                    announced = True
+                    self.note(f"{len(fleet)} agents up; Ctrl-C stops everything")
+                    if check:
+                        self.print_summary(url, [m.hostname for m in fleet], use_docker)
+                        return
+                if check and time.monotonic() > deadline:
+                    raise CommandError(
+                        f"--check: still waiting after {check_timeout:.0f}s for {', '.join(sorted(pending))} to "
+                        "enroll and report all its GPUs"
+                    )
+                time.sleep(0.5)
+        finally:
+            self.note("stopping")
+            supervisor.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.note("stopped")
+            self._supervisor = None
+
+    @staticmethod
+    def raise_if_a_child_died(supervisor: Supervisor) -> None:
+        dead = supervisor.first_unexpected_exit()
+        if dead is not None:
+            raise CommandError(
+                f"{dead.name} exited unexpectedly with status {dead.process.returncode}; stopping everything"
+            )
+
+    def wait_for_web(self, url: str, supervisor: Supervisor, stop_requested: list[int], deadline: float | None) -> None:
+        # The login page needs Django and the database: its 200 proves both are up.
+        probe = f"{url}/admin/login/"
+        started = time.monotonic()
+        while not stop_requested:
+            self.raise_if_a_child_died(supervisor)
+            try:
+                with urllib.request.urlopen(probe, timeout=2) as response:  # noqa: S310 - our own http URL
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if deadline is not None and time.monotonic() > deadline:
+                raise CommandError(f"--check: the web server did not answer {probe} in time")
+            if time.monotonic() - started > 60 and int(time.monotonic() - started) % 30 == 0:
+                self.note(f"still waiting for {probe}")
+            time.sleep(0.3)
+
+    def join_token_if_needed(self, operator: object, member: FleetMember) -> str | None:
+        """A join token for an agent without a working credential; None when its stored one is still good."""
+        from controlplane.core import tokens
+        from controlplane.fleet.models import NodeCredential
+        from nodeagent.agent import AgentState
+
+        state = AgentState(agent_state_dir(member))
+        credential = state.credential()
+        if credential is None:
+            return self.mint_join_token(operator, member)
+        lookup = tokens.parse(credential, tokens.NODE_CREDENTIAL)
+        active = NodeCredential.objects.filter(
+            lookup=lookup or "", server__hostname=member.hostname, revoked_at__isnull=True
+        ).first()
+        if active is not None and tokens.matches(credential, active.digest):
+            return None
+        # The database was reset or the credential revoked since: without this the agent would be refused
+        # and stop, taking the whole system down with it.
+        state.revoke()
+        self.note(f"{member.hostname}: its stored credential is unknown here; enrolling it again")
+        return self.mint_join_token(operator, member)
+
+    def mint_join_token(self, operator: object, member: FleetMember) -> str:
+        try:
+            from controlplane.fleet.models import NodeCredential
+            from controlplane.fleet.services import credential_revoke, join_token_create
+        except ImportError as exc:
+            raise CommandError(f"the fleet app cannot enroll agents here ({exc}); run with --no-agents") from exc
+        from controlplane.inventory.models import Server
+
+        server = Server.objects.filter(hostname=member.hostname).first()
+        if server is not None and NodeCredential.objects.filter(server=server, revoked_at__isnull=True).exists():
+            # The agent's state directory was removed: the server may only enroll again once the credential
+            # it no longer has is revoked, as an operator would do for a reinstalled node.
+            credential_revoke(server=server, actor=operator, reason="runsystem: the local agent lost its credential")
+            self.note(f"{member.hostname}: its agent lost its credential; revoked it to enroll again")
+        _, plaintext = join_token_create(actor=operator, note=f"runsystem: {member.hostname}", ttl_s=_JOIN_TOKEN_TTL_S)
+        return plaintext
+
+    def bring_up(self, pending: dict[str, FleetMember], *, since: datetime, operator: object) -> dict[str, str]:
+        """The pending hosts that enrolled and reported all their GPUs since ``since``, with their state.
+
+        A new server (``commissioning``) is made ready by the operator account. One an operator put in
+        maintenance or draining in an earlier run is left there: the demo never overrides a person.
+        """
+        if not pending:
+            return {}
+        from controlplane.core.errors import DomainError
+        from controlplane.inventory.choices import ServerState
+        from controlplane.inventory.models import Server
+        from controlplane.inventory.services import server_set_state
+
+        up = {}
+        for server in Server.objects.filter(hostname__in=list(pending), last_heartbeat_at__gte=since):
+            if server.gpus.filter(present=True).count() < pending[server.hostname].gpu_count:
+                continue
+            if server.state == ServerState.COMMISSIONING:
+                try:
+                    server_set_state(
+                        server=server,
+                        to=ServerState.READY,
+                        actor=operator,
+                        reason="runsystem: the local simulated server enrolled and reports its GPUs",
+                    )
+                except DomainError as exc:
+                    self.note(f"{server.hostname}: could not make it ready: {exc.message}")
+                    continue
+                server.refresh_from_db(fields=["state"])
+            # Offline only until this heartbeat is processed: the fleet puts it back where it was.
+            if server.state not in {ServerState.COMMISSIONING, ServerState.OFFLINE}:
+                up[server.hostname] = server.state
+        return up
+
+    # --- output -----------------------------------------------------------------------------------------
+
+    def print_logins(self, demo: DemoResult) -> None:
+        for login in demo.logins:
+            password = login.password or "(unchanged; set DEMO_OPERATOR_PASSWORD / DEMO_TENANT_PASSWORD to reset)"
+            self.note(f"login:    {login.username} / {password}  [{login.role}]")
+
+    def print_banner(self, url: str, demo: DemoResult) -> None:
+        if (Path(settings.FRONTEND_DIST) / "index.html").exists():
+            self.note(f"portal:   {url}/")
+        else:
+            self.note("portal:   not built in this checkout; use the admin and the API")
+        self.note(f"admin:    {url}/admin/")
+        self.note(f"API docs: {url}/api/v1/docs/")
+        self.print_logins(demo)
+
+    def print_summary(self, url: str, hostnames: list[str], use_docker: bool) -> None:
+        from controlplane.inventory.models import Gpu, Server
+
+        servers = list(Server.objects.filter(hostname__in=hostnames).order_by("hostname"))
+        gpus = Gpu.objects.filter(server__in=servers, present=True)
+        simulated = all(s.simulated for s in servers) and bool(servers)
+        self.note(f"check ok: web answered at {url}/")
+        self.note(
+            f"check ok: {len(servers)} servers, {gpus.count()} GPUs, "
+            f"{'simulated' if simulated else 'not all simulated'}, container runtime "
+            f"{'docker' if use_docker else 'none'}"
+        )
+        for server in servers:
+            models = sorted({g.model.name for g in gpus.filter(server=server).select_related("model")})
+            self.note(
+                f"  {server.hostname}: {server.state}, {gpus.filter(server=server).count()} GPUs "
+                f"({', '.join(models)}){', simulated' if server.simulated else ''}"
+            )
