@@ -20,6 +20,7 @@ from nodeagent import schema
 from nodeagent.backends.base import GpuBackend
 from nodeagent.client import Backoff, ControlPlaneClient, CredentialRevoked, Rejected, TelemetryBuffer, Unreachable
 from nodeagent.collectors import EventCollector, GpuCollector, HostCollector
+from nodeagent.commands import CommandChannel, next_due
 from nodeagent.runtime.base import ContainerRuntime
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class Agent:
         clock: Clock | None = None,
         buffer: TelemetryBuffer | None = None,
         backoff: Backoff | None = None,
+        commands: CommandChannel | None = None,
     ) -> None:
         self.client = client
         self.backend = backend
@@ -152,12 +154,22 @@ class Agent:
         self._next_sample = start
         self._next_heartbeat = start
         self._stop = threading.Event()
+        # Pushed commands (see nodeagent.commands), the desired state last applied, and the monotonic time
+        # of the next window start, warning or stop the runtime must act on between heartbeats.
+        self.commands = commands
+        self._desired: tuple[list[schema.DesiredContainer], list[str]] = ([], [])
+        self._next_due: float | None = None
 
     # -- the loop -------------------------------------------------------------------------------------------
 
     def step(self) -> float:
         """Do what is due now; the seconds until something is due next."""
         mono, now = self.clock.monotonic(), self.clock.now()
+        if self.commands is not None:
+            for command in self.commands.take():
+                self.commands.remember(command, seq=self.seq)
+                log.info("applying pushed command %s (%s)", command.command_id, command.reason)
+                self._converge(*self._desired, now, reply_seq=None)
         if mono >= self._next_sample:
             self._sample(now)
             self._next_sample += self.sample_interval
@@ -168,7 +180,10 @@ class Agent:
                 self._enroll(now, mono)
             if self.credential is not None and mono >= self._next_heartbeat:
                 self._heartbeat(now, mono)
-        return max(0.0, min(self._next_sample, self._next_heartbeat) - self.clock.monotonic())
+        if self._next_due is not None and self.clock.monotonic() >= self._next_due:
+            self._converge(*self._desired, self.clock.now(), reply_seq=None)
+        due = [self._next_sample, self._next_heartbeat] + ([self._next_due] if self._next_due is not None else [])
+        return max(0.0, min(due) - self.clock.monotonic())
 
     def run(self) -> None:
         """Step until stopped by ``stop()``, SIGTERM or SIGINT. Raises ``AgentStopped`` when it cannot go on."""
@@ -184,7 +199,11 @@ class Agent:
         )
         try:
             while not self._stop.is_set():
-                self._stop.wait(self.step())
+                timeout = self.step()
+                if self.commands is not None:
+                    self.commands.wait(timeout)  # a pushed command wakes the loop at once
+                else:
+                    self._stop.wait(timeout)
         finally:
             self.backend.close()
             for signum, handler in previous.items():
@@ -193,6 +212,8 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.commands is not None:
+            self.commands.wake()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
@@ -242,6 +263,7 @@ class Agent:
             memory_bytes=host.memory_bytes,
             numa_cpus=host.numa_cpus,
             container_runtime=self.runtime.facts(),
+            command_url=self.commands.url if self.commands is not None else None,
         )
 
     def _container_reports(self, now: datetime) -> list[schema.ContainerReport]:
@@ -315,7 +337,17 @@ class Agent:
         self.server_name, self.server_state = reply.server, reply.server_state
         self.interval = _clamp_interval(reply.heartbeat_interval_s)
         self._next_heartbeat = mono + self.interval
-        self.apply_desired(reply.desired, reply.stop, now)
+        self._converge(reply.desired, reply.stop, now, reply_seq=self.seq)
+
+    def _converge(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime, *,
+                  reply_seq: int | None) -> None:
+        """Apply a reply's (or the last) desired state merged with pushed commands, and time the next act."""
+        self._desired = (desired, stop)
+        if self.commands is not None:
+            desired, stop = self.commands.merge(desired, stop, reply_seq=reply_seq)
+        self.apply_desired(desired, stop, now)
+        due = next_due(desired, now)
+        self._next_due = None if due is None else self.clock.monotonic() + max(0.0, (due - now).total_seconds())
 
     def apply_desired(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime) -> None:
         """Converge the runtime to a desired state, from a heartbeat reply or a pushed command."""

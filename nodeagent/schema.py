@@ -76,6 +76,8 @@ class NodeFacts(Strict):
     # NUMA node -> CPU list as Linux writes it ("0-31,64-95"), for pinning containers next to their GPUs.
     numa_cpus: dict[str, ShortText] = Field(default_factory=dict)
     container_runtime: ContainerRuntimeFacts = Field(default_factory=ContainerRuntimeFacts)
+    # Where the agent listens for the control plane's signed commands; None: heartbeats only.
+    command_url: Annotated[str, Field(max_length=512, pattern=r"^https?://")] | None = None
 
 
 class GpuFacts(Strict):

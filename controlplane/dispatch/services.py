@@ -1,0 +1,666 @@
+"""Dispatch: open reservations' windows into launches, follow what the agents report, close what ended.
+
+Two roads lead to every agent, and either alone is enough:
+
+* **push** (fast): after a launch commits, a Celery task POSTs the node's desired state, signed, to the
+  agent's command listener;
+* **heartbeat** (certain): every heartbeat reply carries the same desired state, and a heartbeat also opens
+  the windows of its own server that are due, so a launch happens even with no broker, beat or worker.
+
+Lock order everywhere: server row (the heartbeat holds it), then project, then reservation; the same order
+the reservation services use, so dispatch never deadlocks with a booking or a cancel.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+import requests
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Max
+from django.utils import timezone
+
+from controlplane.core.errors import DomainError
+from controlplane.dispatch.choices import FINAL_LAUNCH_STATES, LIVE_LAUNCH_STATES, LaunchState
+from controlplane.dispatch.models import Launch, Requeue
+from controlplane.fleet.models import NodeCredential
+from controlplane.inventory.choices import ServerState
+from controlplane.inventory.models import Server
+from controlplane.ledger.services import lock_project
+from controlplane.reservations.choices import HOLDING_STATES, ReservationState
+from controlplane.reservations.models import Reservation
+from controlplane.reservations.services import reservation_create, reservation_finish, reservation_mark
+from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+from nodeagent import commands, schema
+
+log = logging.getLogger(__name__)
+
+ACTOR = "system:dispatch"
+# States in which the container must run (inside the window); any live launch outside them is stopped.
+RUN_STATES = (ReservationState.STARTING, ReservationState.RUNNING)
+# How many items one pass of a periodic reconciler handles; the next pass (a second later) takes the rest.
+BATCH = 100
+# A non-zero exit this close to the window's end counts as the stop at the end, not as a failure.
+END_TOLERANCE = timedelta(seconds=2)
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+def lead_time() -> timedelta:
+    """How long before its window a launch is sent, so the agent starts it on its own clock at the start."""
+    return timedelta(seconds=_setting("DISPATCH_LEAD_S", 2.0))
+
+
+class PushFailed(Exception):
+    """The agent's listener did not take the command; worth retrying."""
+
+
+# -- opening ----------------------------------------------------------------------------------------------
+
+
+def dispatch_open_due(*, now: datetime | None = None) -> int:
+    """Open every scheduled reservation whose window starts within the lead time; how many were opened."""
+    now = now or timezone.now()
+    due = list(
+        Reservation.objects.filter(state=ReservationState.SCHEDULED, starts_at__lte=now + lead_time())
+        .order_by("starts_at")
+        .values_list("pk", flat=True)[:BATCH]
+    )
+    return sum(1 for pk in due if reservation_open(reservation_id=pk, now=now))
+
+
+@transaction.atomic
+def reservation_open(*, reservation_id: int, now: datetime | None = None, generation: int = 1) -> list[Launch]:
+    """Create one launch per server of a scheduled reservation, mark it starting, and push once committed.
+
+    Idempotent: a reservation that is no longer scheduled (another worker, the heartbeat, or a cancel got
+    there first) is left alone and nothing is returned.
+    """
+    now = now or timezone.now()
+    project_id = Reservation.objects.filter(pk=reservation_id).values_list("project_id", flat=True).first()
+    if project_id is None:
+        return []
+    lock_project(project_id=project_id)
+    reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
+    if reservation.state != ReservationState.SCHEDULED:
+        return []
+    if reservation.ends_at <= now:
+        reservation_finish(
+            reservation=reservation,
+            to=ReservationState.FAILED,
+            ended_at=reservation.ends_at,
+            actor_label=ACTOR,
+            reason="the window closed before dispatch could open it",
+            used_gpu_seconds_by_gpu={},
+        )
+        return []
+    by_server: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for server_id, index, uuid in reservation.allocations.filter(active=True).values_list(
+        "gpu__server_id", "gpu__index", "gpu__uuid"
+    ):
+        by_server[server_id].append((index, uuid))
+    if not by_server:
+        return []
+    launches = Launch.objects.bulk_create(
+        [
+            Launch(
+                reservation=reservation,
+                server_id=server_id,
+                generation=generation,
+                created_at=now,
+                updated_at=now,
+                gpu_uuids=[uuid for _, uuid in sorted(gpus)],
+            )
+            for server_id, gpus in sorted(by_server.items())
+        ]
+    )
+    hosts = dict(Server.objects.filter(pk__in=list(by_server)).values_list("pk", "hostname"))
+    reservation_mark(
+        reservation=reservation,
+        from_states=[ReservationState.SCHEDULED],
+        to=ReservationState.STARTING,
+        actor_label=ACTOR,
+        at=now,
+        reason=f"window opening: launch sent to {len(launches)} server(s)",
+        data={"launches": {launch.launch_id: hosts[launch.server_id] for launch in launches}},
+    )
+    enqueue_pushes([launch.launch_id for launch in launches])
+    return launches
+
+
+def enqueue_pushes(launch_ids: Sequence[str]) -> None:
+    """Push each launch once the surrounding transaction commits. A broker outage only delays: the next
+    heartbeat carries the same desired state."""
+    if not launch_ids:
+        return
+    ids = list(launch_ids)
+
+    def send() -> None:
+        from controlplane.dispatch.tasks import push_launch
+
+        for launch_id in ids:
+            try:
+                # No publish retries: a dead broker must not hold up the request or beat that opened the window.
+                push_launch.apply_async(args=[launch_id], retry=False)
+            except Exception as exc:
+                log.warning(
+                    "could not enqueue the push of launch %s (%s); the next heartbeat delivers it", launch_id, exc
+                )
+
+    transaction.on_commit(send)
+
+
+def dispatch_reservation_booked(*, reservation: Reservation, now: datetime | None = None) -> None:
+    """Call inside the booking transaction: a window starting now opens as soon as it commits; a window
+    starting within the broker's visibility timeout is scheduled for its start. The 1 s beat is the backstop."""
+    now = now or timezone.now()
+    pk = reservation.pk
+    opens_at = reservation.starts_at - lead_time()
+    horizon = timedelta(seconds=_setting("DISPATCH_ETA_HORIZON_S", 3000.0))
+
+    def send() -> None:
+        from controlplane.dispatch.tasks import open_reservation
+
+        try:
+            if opens_at <= now:
+                open_reservation.apply_async(args=[pk], retry=False)
+            elif opens_at - now <= horizon:
+                open_reservation.apply_async(args=[pk], eta=opens_at, retry=False)
+        except Exception as exc:
+            log.warning("could not enqueue the opening of reservation %s (%s); the beat opens it", pk, exc)
+
+    transaction.on_commit(send)
+
+
+def dispatch_reservation_changed(*, reservation: Reservation) -> None:
+    """Call inside a cancel/release/extend transaction: re-push the desired state of its servers on commit."""
+    ids = list(
+        Launch.objects.filter(reservation=reservation, state__in=LIVE_LAUNCH_STATES).values_list("launch_id", flat=True)
+    )
+    enqueue_pushes(ids)
+
+
+# -- the desired state --------------------------------------------------------------------------------------
+
+
+def _desired_container(launch: Launch) -> schema.DesiredContainer:
+    reservation = launch.reservation
+    return schema.DesiredContainer(
+        launch_id=launch.launch_id,
+        reservation=str(reservation.public_id),
+        project=reservation.project.slug,
+        image=reservation.image,
+        command=list(reservation.command or []),
+        env={str(k): str(v) for k, v in (reservation.env or {}).items()},
+        gpu_uuids=list(launch.gpu_uuids),
+        window_start=reservation.starts_at,
+        window_end=reservation.ends_at,
+        warn_before_s=int(_setting("DISPATCH_WARN_BEFORE_S", 300)),
+        stop_grace_s=int(_setting("DISPATCH_STOP_GRACE_S", 30)),
+    )
+
+
+def node_desired_state(
+    *, server: Server, now: datetime | None = None
+) -> tuple[list[schema.DesiredContainer], list[str]]:
+    """What must run on ``server`` now (or within the lead time), and the launch ids it must stop now."""
+    now = now or timezone.now()
+    desired: list[schema.DesiredContainer] = []
+    stop: list[str] = []
+    live = (
+        Launch.objects.filter(server=server, state__in=LIVE_LAUNCH_STATES)
+        .select_related("reservation__project")
+        .order_by("created_at", "id")
+    )
+    for launch in live:
+        reservation = launch.reservation
+        if reservation.state in RUN_STATES and now < reservation.ends_at:
+            desired.append(_desired_container(launch))
+        else:
+            stop.append(launch.launch_id)
+    return desired, stop
+
+
+def desired_state_for(
+    *, server: Server, now: datetime | None = None
+) -> tuple[list[schema.DesiredContainer], list[str]]:
+    """The heartbeat's answer. It first opens this server's due windows itself, so a launch never waits on
+    the broker, beat or a worker: a heartbeat after any outage is enough."""
+    now = now or timezone.now()
+    due = (
+        Reservation.objects.filter(
+            state=ReservationState.SCHEDULED,
+            starts_at__lte=now + lead_time(),
+            allocations__active=True,
+            allocations__gpu__server=server,
+        )
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+    for pk in list(due):
+        reservation_open(reservation_id=pk, now=now)
+    return node_desired_state(server=server, now=now)
+
+
+# -- what the agents saw ------------------------------------------------------------------------------------
+
+_RANK = {LaunchState.PENDING: 0, LaunchState.RUNNING: 1, LaunchState.STOPPING: 2}
+_REPORTED = {
+    "pending": LaunchState.PENDING,
+    "creating": LaunchState.PENDING,
+    "running": LaunchState.RUNNING,
+    "stopping": LaunchState.STOPPING,
+    "exited": LaunchState.EXITED,
+    "failed": LaunchState.FAILED,
+    "missing": LaunchState.FAILED,
+}
+# The runtime reports a launch waiting for a GPU that the previous container still holds (in its stop grace)
+# as failed with this wording; it retries on its own, so it is not a final failure.
+_BLOCKED_MARK = "is already bound to launch"
+
+
+def _reported_state(report: schema.ContainerReport) -> LaunchState:
+    if report.state == "failed" and report.container_id is None and _BLOCKED_MARK in (report.error or ""):
+        return LaunchState.PENDING
+    return _REPORTED[report.state]
+
+
+def _apply_report(launch: Launch, report: schema.ContainerReport, now: datetime) -> bool:
+    """Fold one report into its launch with a conditional update; True when something changed."""
+    target = _reported_state(report)
+    current = LaunchState(launch.state)
+    fields: dict[str, object] = {}
+    for name in ("started_at", "finished_at", "exit_code"):
+        value = getattr(report, name)
+        if value is not None and getattr(launch, name) != value:
+            fields[name] = value
+    if report.container_id and report.container_id != launch.container_id:
+        fields["container_id"] = report.container_id
+    if report.log_tail and report.log_tail != launch.log_tail:
+        fields["log_tail"] = report.log_tail
+    if report.error and report.error != launch.error:
+        fields["error"] = report.error
+    if report.state == "missing" and not report.error:
+        fields["error"] = "the container disappeared from the engine"
+    if current in FINAL_LAUNCH_STATES:
+        # Final is final; a late report may still bring the exit code or the log tail it lacked.
+        fields = {k: v for k, v in fields.items() if getattr(launch, k) in (None, "")}
+        target = current
+    elif target not in FINAL_LAUNCH_STATES and _RANK[target] < _RANK[current]:
+        target = current  # never backwards: an old "pending" cannot undo a seen "running"
+    if target == current and not fields:
+        return False
+    changed = Launch.objects.filter(pk=launch.pk, state=current).update(state=target, updated_at=now, **fields)
+    if changed != 1:
+        # Another writer (node-loss detection, the closer) moved it first; the next heartbeat reports again.
+        return False
+    for name, value in fields.items():
+        setattr(launch, name, value)
+    launch.state = target
+    return True
+
+
+def containers_reported(*, server: Server, reports: Sequence[schema.ContainerReport], now: datetime) -> None:
+    """Fold the agent's container reports into launches and move their reservations on.
+
+    Only launches on ``server`` are touched: an agent cannot speak for another node's launch.
+    """
+    by_id = {report.launch_id: report for report in reports}
+    touched: set[int] = set()
+    for launch in Launch.objects.filter(server=server, launch_id__in=list(by_id)):
+        if _apply_report(launch, by_id[launch.launch_id], now):
+            touched.add(launch.reservation_id)
+    for reservation_id in sorted(touched):
+        settle(reservation_id=reservation_id, now=now)
+
+
+# -- moving reservations on ---------------------------------------------------------------------------------
+
+
+def _gpu_seconds(reservation: Reservation, launches: Iterable[Launch], now: datetime) -> dict[str, float]:
+    """GPU-seconds measured from what ran: container start to exit as the agent saw them, inside the window."""
+    out: dict[str, float] = {}
+    for launch in launches:
+        if launch.started_at is None:
+            continue
+        start = max(launch.started_at, reservation.starts_at)
+        end = min(launch.finished_at or now, reservation.ends_at)
+        seconds = max(0.0, (end - start).total_seconds())
+        for uuid in launch.gpu_uuids:
+            out[uuid] = out.get(uuid, 0.0) + seconds
+    return out
+
+
+def _finish(reservation: Reservation, launches: list[Launch], *, to: str, reason: str, now: datetime) -> bool:
+    data_launches = {launch.launch_id: {"state": launch.state, "exit_code": launch.exit_code} for launch in launches}
+    log.info("reservation %s -> %s: %s (%s)", reservation.public_id, to, reason, data_launches)
+    return reservation_finish(
+        reservation=reservation,
+        to=to,
+        ended_at=min(now, reservation.ends_at),
+        actor_label=ACTOR,
+        reason=reason,
+        used_gpu_seconds_by_gpu=_gpu_seconds(reservation, launches, now),
+    )
+
+
+def _host(launch: Launch) -> str:
+    return str(Server.objects.filter(pk=launch.server_id).values_list("hostname", flat=True).first())
+
+
+@transaction.atomic
+def settle(*, reservation_id: int, now: datetime | None = None) -> str | None:
+    """Move a dispatched reservation to the state its launches say; the new state, or None if unchanged.
+
+    starting -> running once every launch runs; -> failed when a launch failed or exited non-zero inside the
+    window; -> completed when every container exited at or after the end, or with code 0; running -> ending
+    once the window closed.
+    """
+    now = now or timezone.now()
+    reservation = Reservation.objects.filter(pk=reservation_id).first()
+    if reservation is None or reservation.state not in (*RUN_STATES, ReservationState.ENDING):
+        return None
+    launches = list(Launch.objects.filter(reservation=reservation).order_by("id"))
+    if not launches:
+        return None
+    live = [launch for launch in launches if launch.state in LIVE_LAUNCH_STATES]
+    previous = reservation.state
+    if reservation.state in RUN_STATES:
+        broken = [launch for launch in launches if launch.state in (LaunchState.FAILED, LaunchState.LOST)]
+        if broken:
+            first = broken[0]
+            to = ReservationState.INTERRUPTED if first.state == LaunchState.LOST else ReservationState.FAILED
+            what = first.error or "the launch failed"
+            _finish(reservation, launches, to=to, now=now, reason=f"launch on {_host(first)} failed: {what}")
+            return to
+        if reservation.state == ReservationState.STARTING and all(launch.started_at is not None for launch in launches):
+            reservation_mark(
+                reservation=reservation,
+                from_states=[ReservationState.STARTING],
+                to=ReservationState.RUNNING,
+                actor_label=ACTOR,
+                at=now,
+                reason=f"container running on {len(launches)} server(s)",
+                data={
+                    "started_at": {
+                        launch.launch_id: launch.started_at.isoformat() for launch in launches if launch.started_at
+                    }
+                },
+            )
+        if live and now >= reservation.ends_at:
+            reservation_mark(
+                reservation=reservation,
+                from_states=list(RUN_STATES),
+                to=ReservationState.ENDING,
+                actor_label=ACTOR,
+                at=now,
+                reason="the window closed; stopping the container",
+            )
+            return ReservationState.ENDING
+    if live:
+        reservation.refresh_from_db(fields=["state"])
+        return reservation.state if reservation.state != previous else None
+    # Every launch is final.
+    if reservation.state == ReservationState.ENDING:
+        return _finish_as(
+            reservation, launches, ReservationState.COMPLETED, "containers stopped at the end of the window", now
+        )
+    early = [
+        launch
+        for launch in launches
+        if launch.state == LaunchState.EXITED
+        and launch.exit_code
+        and launch.finished_at
+        and launch.finished_at < reservation.ends_at - END_TOLERANCE
+    ]
+    if early:
+        first = early[0]
+        return _finish_as(
+            reservation,
+            launches,
+            ReservationState.FAILED,
+            f"the container on {_host(first)} exited with code {first.exit_code}",
+            now,
+        )
+    return _finish_as(
+        reservation,
+        launches,
+        ReservationState.COMPLETED,
+        "the container exited"
+        + (" with code 0 before the window closed" if now < reservation.ends_at else " at the end of the window"),
+        now,
+    )
+
+
+def _finish_as(reservation: Reservation, launches: list[Launch], to: str, reason: str, now: datetime) -> str | None:
+    return to if _finish(reservation, launches, to=to, reason=reason, now=now) else None
+
+
+# -- node loss and requeue ----------------------------------------------------------------------------------
+
+
+def server_lost(*, server: Server, now: datetime) -> None:
+    """``server`` stopped sending heartbeats: its launches are lost, their reservations interrupted and settled
+    for the time used (up to the last heartbeat), and requeued where the project opted in."""
+    last_seen = server.last_heartbeat_at or now
+    reason = f"server {server.hostname} stopped sending heartbeats"
+    reservation_ids: set[int] = set()
+    for launch in Launch.objects.filter(server=server, state__in=LIVE_LAUNCH_STATES):
+        fields: dict[str, object] = {"state": LaunchState.LOST, "error": reason, "updated_at": now}
+        if launch.started_at is not None and launch.finished_at is None:
+            fields["finished_at"] = max(launch.started_at, min(last_seen, now))
+        if Launch.objects.filter(pk=launch.pk, state=launch.state).update(**fields) == 1:
+            reservation_ids.add(launch.reservation_id)
+    for reservation_id in sorted(reservation_ids):
+        _interrupt(reservation_id=reservation_id, reason=reason, now=now)
+
+
+def _interrupt(*, reservation_id: int, reason: str, now: datetime) -> None:
+    reservation = Reservation.objects.select_related("project").get(pk=reservation_id)
+    previous = reservation.state
+    if previous not in HOLDING_STATES:
+        return
+    launches = list(Launch.objects.filter(reservation=reservation))
+    if not _finish(reservation, launches, to=ReservationState.INTERRUPTED, reason=reason, now=now):
+        return
+    if previous in RUN_STATES and reservation.project.requeue_on_interrupt:
+        requeue(reservation=reservation, now=now)
+
+
+def _note(reservation: Reservation, reason: str, data: dict[str, object] | None = None) -> None:
+    """An event without a state change. Stamped with the wall clock, like reservation_finish's own event,
+    so the trail reads in order."""
+    reservation.refresh_from_db(fields=["state"])
+    reservation_mark(
+        reservation=reservation,
+        from_states=[reservation.state],
+        to=reservation.state,
+        actor_label=ACTOR,
+        reason=reason,
+        data=data,
+    )
+
+
+def requeue(*, reservation: Reservation, now: datetime) -> Reservation | None:
+    """Book the rest of an interrupted reservation's window on healthy GPUs as a linked follow-up, and open it.
+
+    A follow-up reservation (not new allocations in the interrupted one) keeps each reservation's ledger and
+    audit trail simple: the interrupted one is settled for what ran, the follow-up is booked, quota-checked
+    and held like any booking, and ``Requeue`` links the two.
+    """
+    minimum = timedelta(seconds=_setting("DISPATCH_REQUEUE_MIN_S", 5.0))
+    if reservation.ends_at - now < minimum:
+        _note(reservation, f"not requeued: less than {minimum.total_seconds():g} s of the window was left")
+        return None
+    try:
+        with transaction.atomic():
+            follow_up = reservation_create(
+                project=reservation.project,
+                name=f"{reservation.name} (requeued)"[:120],
+                spec=GpuSpec(
+                    gpu_model_id=reservation.gpu_model_id,
+                    min_memory_mib=reservation.min_memory_mib,
+                    gpu_count=reservation.gpu_count,
+                    whole_servers=reservation.whole_servers,
+                ),
+                window=Window(now, reservation.ends_at),
+                container=ContainerSpec(
+                    image=reservation.image, command=list(reservation.command or []), env=dict(reservation.env or {})
+                ),
+                actor=None,
+                now=now,
+            )
+    except DomainError as exc:
+        _note(reservation, f"not requeued: {exc.message}", data={"code": exc.code})
+        return None
+    Requeue.objects.create(interrupted=reservation, follow_up=follow_up, created_at=now)
+    _note(reservation, f"requeued as {follow_up.public_id}", data={"follow_up": str(follow_up.public_id)})
+    _note(
+        follow_up,
+        f"requeued from interrupted reservation {reservation.public_id}",
+        data={"interrupted": str(reservation.public_id)},
+    )
+    generation = (Launch.objects.filter(reservation=reservation).aggregate(g=Max("generation"))["g"] or 0) + 1
+    reservation_open(reservation_id=follow_up.pk, now=now, generation=generation)
+    return follow_up
+
+
+# -- the periodic closer ------------------------------------------------------------------------------------
+
+
+def dispatch_close_due(*, now: datetime | None = None) -> int:
+    """The backstop for everything the reports did not move: windows that closed, stops not yet pushed,
+    launches that never started, reservations whose stop was never confirmed. Returns the items handled."""
+    now = now or timezone.now()
+    handled = 0
+    # Windows that closed while their containers run: ending (the agent stops them on its own clock).
+    for pk in Reservation.objects.filter(state__in=RUN_STATES, ends_at__lte=now).values_list("pk", flat=True)[:BATCH]:
+        handled += settle(reservation_id=pk, now=now) is not None
+    # Scheduled and never opened (the whole system was down across the window).
+    for pk in Reservation.objects.filter(state=ReservationState.SCHEDULED, ends_at__lte=now).values_list(
+        "pk", flat=True
+    )[:BATCH]:
+        reservation_open(reservation_id=pk, now=now)  # finishes it as failed, naming why
+        handled += 1
+    # Live launches whose reservation no longer wants them (cancel, release, failure elsewhere): push the stop.
+    stale = (
+        Launch.objects.filter(state__in=LIVE_LAUNCH_STATES, stop_requested_at__isnull=True)
+        .exclude(reservation__state__in=RUN_STATES)
+        .values_list("pk", "launch_id", "state", "reservation__state")[:BATCH]
+    )
+    for pk, launch_id, state, reservation_state in stale:
+        handled += _request_stop(pk=pk, launch_id=launch_id, state=state, reservation_state=reservation_state, now=now)
+    handled += _close_stuck(now=now)
+    return handled
+
+
+@transaction.atomic
+def _request_stop(*, pk: int, launch_id: str, state: str, reservation_state: str, now: datetime) -> bool:
+    fields: dict[str, object] = {"stop_requested_at": now, "updated_at": now}
+    if state == LaunchState.PENDING and reservation_state in (
+        ReservationState.CANCELLED,
+        ReservationState.FAILED,
+        ReservationState.COMPLETED,
+    ):
+        # It never started, and never will: nothing for an agent to report any more.
+        fields.update(
+            state=LaunchState.CANCELLED, error=f"the reservation was {reservation_state} before the container started"
+        )
+    if Launch.objects.filter(pk=pk, state=state, stop_requested_at__isnull=True).update(**fields) != 1:
+        return False
+    enqueue_pushes([launch_id])
+    return True
+
+
+def _close_stuck(*, now: datetime) -> int:
+    handled = 0
+    start_timeout = timedelta(seconds=_setting("DISPATCH_START_TIMEOUT_S", 600.0))
+    stop_timeout = timedelta(seconds=_setting("DISPATCH_STOP_GRACE_S", 30) + _setting("DISPATCH_STOP_TIMEOUT_S", 60))
+    never_started = (
+        Launch.objects.filter(
+            state=LaunchState.PENDING,
+            reservation__state=ReservationState.STARTING,
+            reservation__starts_at__lte=now - start_timeout,
+        )
+        .exclude(server__state=ServerState.OFFLINE)
+        .values_list("pk", "reservation_id")[:BATCH]
+    )
+    for pk, reservation_id in never_started:
+        error = f"the agent did not start the container within {start_timeout.total_seconds():g} s of the start"
+        if (
+            Launch.objects.filter(pk=pk, state=LaunchState.PENDING).update(
+                state=LaunchState.FAILED, error=error, updated_at=now
+            )
+            == 1
+        ):
+            settle(reservation_id=reservation_id, now=now)
+            handled += 1
+    unconfirmed = Reservation.objects.filter(state=ReservationState.ENDING, ends_at__lte=now - stop_timeout)
+    for reservation in unconfirmed[:BATCH]:
+        handled += _give_up_waiting(reservation_id=reservation.pk, now=now)
+    return handled
+
+
+@transaction.atomic
+def _give_up_waiting(*, reservation_id: int, now: datetime) -> bool:
+    reservation = Reservation.objects.get(pk=reservation_id)
+    if reservation.state != ReservationState.ENDING:
+        return False
+    launches = list(Launch.objects.filter(reservation=reservation))
+    # The GPUs are free from the window's end whatever the agent says; its late reports still fill the launch.
+    return _finish(
+        reservation,
+        launches,
+        to=ReservationState.COMPLETED,
+        now=now,
+        reason="the agent did not confirm the stop; closed at the end of the window",
+    )
+
+
+# -- push -------------------------------------------------------------------------------------------------
+
+
+def push_launch(*, launch_id: str, now: datetime | None = None) -> str:
+    """POST the desired state of the launch's server, signed, to its agent. Idempotent: the agent keys
+    containers by launch id. Raises ``PushFailed`` for what a retry may fix."""
+    now = now or timezone.now()
+    launch = Launch.objects.select_related("server").filter(launch_id=launch_id).first()
+    if launch is None:
+        return "unknown"
+    server = launch.server
+    url = (server.facts or {}).get("command_url")
+    if not url:
+        return "no_listener"  # the heartbeat delivers it
+    key = NodeCredential.objects.filter(server=server, revoked_at__isnull=True).values_list("digest", flat=True).first()
+    if not key:
+        return "no_credential"
+    desired, stop = node_desired_state(server=server, now=now)
+    command = commands.new_command(
+        server=server.hostname, desired=desired, stop=stop, reason=f"launch {launch_id}", now=now
+    )
+    body, headers = commands.signed_request(key=key, command=command)
+    Launch.objects.filter(pk=launch.pk).update(push_attempts=F("push_attempts") + 1)
+    try:
+        response = requests.post(url, data=body, headers=headers, timeout=_setting("DISPATCH_PUSH_TIMEOUT_S", 3.0))
+    except requests.RequestException as exc:
+        raise PushFailed(f"{server.hostname}: {exc.__class__.__name__}: {exc}") from exc
+    if response.status_code >= 500:
+        raise PushFailed(f"{server.hostname}: HTTP {response.status_code}: {response.text[:200]}")
+    if response.status_code >= 400:
+        # Refused (a signature or clock problem): retrying the same will not help; the heartbeat still delivers.
+        log.warning(
+            "agent of %s refused launch %s: HTTP %s %s",
+            server.hostname,
+            launch_id,
+            response.status_code,
+            response.text[:200],
+        )
+        return "refused"
+    Launch.objects.filter(pk=launch.pk, pushed_at__isnull=True).update(pushed_at=timezone.now())
+    return "pushed"
