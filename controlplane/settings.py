@@ -64,6 +64,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # After authentication: the key's scope is the caller's identity.
+    "controlplane.core.idempotency.IdempotencyMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -172,6 +174,8 @@ else:
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
         "processed_folder": str(_broker_dir / "processed"),
+        # Else kombu keeps its exchange table in ./control, wherever the worker was started.
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", default=False)
@@ -188,7 +192,45 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1),
     },
     "fleet-prune-telemetry": {"task": "controlplane.fleet.tasks.prune_telemetry", "schedule": 3600.0},
+    "core-prune-idempotency-records": {"task": "controlplane.core.tasks.prune_idempotency_records", "schedule": 3600.0},
+    # Ledger: each project's credits for the month, once per project and period.
+    "ledger-grant-period-credits": {"task": "controlplane.ledger.tasks.grant_period_credits", "schedule": 10.0},
+    # Dispatch: one indexed query each when there is nothing to do; the heartbeat opens windows too.
+    "dispatch-open-due": {"task": "controlplane.dispatch.tasks.open_due", "schedule": 1.0},
+    "dispatch-close-due": {"task": "controlplane.dispatch.tasks.close_due", "schedule": 1.0},
+    # Accounting: hourly rollups of the minute telemetry, usage records of final reservations, statements.
+    "accounting-rollup-usage-hours": {"task": "controlplane.accounting.tasks.rollup_usage_hours", "schedule": 120.0},
+    "accounting-record-pending-usage": {"task": "controlplane.accounting.tasks.record_pending_usage",
+                                        "schedule": 60.0},
+    "accounting-monthly-statements": {"task": "controlplane.accounting.tasks.generate_monthly_statements",
+                                      "schedule": 3600.0},
 }
+
+# --- Accounting -----------------------------------------------------------------------------------------
+# Minutes newer than this are not rolled up yet: their heartbeats may still be arriving.
+ACCOUNTING_ROLLUP_LAG_S = env_int("ACCOUNTING_ROLLUP_LAG_S", 120, minimum=0)
+# A held GPU-minute under this mean utilization (percent) is idle.
+ACCOUNTING_IDLE_UTIL_PERCENT = env_float("ACCOUNTING_IDLE_UTIL_PERCENT", 5.0, minimum=0.0)
+# A report flags a mean utilization under this (percent).
+ACCOUNTING_LOW_UTIL_PERCENT = env_float("ACCOUNTING_LOW_UTIL_PERCENT", 70.0, minimum=0.0)
+
+# --- Dispatch -------------------------------------------------------------------------------------------
+# A launch is sent this long before its window so the agent starts it on its own clock at the start.
+DISPATCH_LEAD_S = env_float("DISPATCH_LEAD_S", 2.0, minimum=0.0)
+# The container is told (warning file + SIGUSR1) this long before its window closes.
+DISPATCH_WARN_BEFORE_S = env_int("DISPATCH_WARN_BEFORE_S", 300, minimum=0)
+# SIGTERM at the end, SIGKILL this long after.
+DISPATCH_STOP_GRACE_S = env_int("DISPATCH_STOP_GRACE_S", 30, minimum=0)
+# A launch not running this long after its window opened is failed (image pulls may be slow).
+DISPATCH_START_TIMEOUT_S = env_int("DISPATCH_START_TIMEOUT_S", 600, minimum=1)
+# After the end plus the grace, how long to wait for the agent to confirm the stop before closing anyway.
+DISPATCH_STOP_TIMEOUT_S = env_int("DISPATCH_STOP_TIMEOUT_S", 60, minimum=1)
+# Windows opening within this are scheduled with an ETA at booking; below the broker's visibility timeout,
+# so an unacknowledged ETA task is never redelivered while it waits.
+DISPATCH_ETA_HORIZON_S = env_int("DISPATCH_ETA_HORIZON_S", 3000, minimum=0)
+DISPATCH_PUSH_TIMEOUT_S = env_float("DISPATCH_PUSH_TIMEOUT_S", 3.0, minimum=0.1)
+# An interrupted reservation with less than this left is not requeued.
+DISPATCH_REQUEUE_MIN_S = env_int("DISPATCH_REQUEUE_MIN_S", 5, minimum=0)
 
 # --- Fleet ----------------------------------------------------------------------------------------------
 FLEET_HEARTBEAT_INTERVAL_S = env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1)
@@ -198,6 +240,8 @@ FLEET_GPU_TEMP_LIMIT_C = env_float("FLEET_GPU_TEMP_LIMIT_C", 90.0)
 FLEET_HEARTBEAT_MAX_BYTES = env_int("FLEET_HEARTBEAT_MAX_BYTES", 2_000_000, minimum=1024)
 FLEET_JOIN_TOKEN_TTL_S = env_int("FLEET_JOIN_TOKEN_TTL_S", 24 * 3600, minimum=60)
 TELEMETRY_MINUTE_RETENTION_DAYS = env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 14, minimum=1)
+# /metrics without credentials, for a Prometheus on a trusted network; off: an operator's bearer token.
+METRICS_PUBLIC = env_bool("METRICS_PUBLIC", default=True)
 
 LOGGING = {
     "version": 1,

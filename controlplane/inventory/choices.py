@@ -24,3 +24,4 @@ class EventKind(models.TextChoices):
     GPU_RETURNED = "gpu_returned", "GPU returned"
     GPU_HEALTH = "gpu_health", "GPU health changed"
     GPU_ACKNOWLEDGED = "gpu_acknowledged", "GPU fault acknowledged"
+    GPU_MODEL_ADDED = "gpu_model_added", "Unknown GPU model added to the catalog"

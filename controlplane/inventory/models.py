@@ -40,12 +40,17 @@ class GpuModel(models.Model):
     # What NVML calls it ("NVIDIA H100 80GB HBM3"); discovery maps reported GPUs to the catalog by this.
     product_name = models.CharField(max_length=128, unique=True)
     memory_mib = models.PositiveIntegerField()
-    price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, default=Decimal("0"),
-                                             validators=[MinValueValidator(Decimal("0"))])
+    price_per_gpu_hour = models.DecimalField(
+        max_digits=10, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+    )
     currency = models.CharField(max_length=3, default="USD")
-    billing_weight = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"),
-                                         validators=[MinValueValidator(Decimal("0"))],
-                                         help_text="Credits charged per GPU-hour.")
+    billing_weight = models.DecimalField(
+        max_digits=8,
+        decimal_places=4,
+        default=Decimal("1"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Credits charged per GPU-hour.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -99,7 +104,12 @@ class Gpu(models.Model):
 
     class Meta:
         ordering = ["server__hostname", "index"]
-        constraints = [models.UniqueConstraint(fields=["server", "index"], name="gpu_unique_index_per_server")]
+        constraints = [
+            # Only among present GPUs: a replacement card takes the index of the one that went missing.
+            models.UniqueConstraint(
+                fields=["server", "index"], condition=models.Q(present=True), name="gpu_unique_index_per_server"
+            ),
+        ]
         indexes = [models.Index(fields=["model", "health"])]
 
     def __str__(self) -> str:

@@ -1,0 +1,70 @@
+"""Prometheus exposition of the fleet, read from the database at scrape time.
+
+One collector registered once in a private registry; each scrape runs three queries. Per-GPU series carry
+DCGM's names and labels (``gpu``, ``UUID``-style ``uuid``, ``modelName``, ``Hostname``-style ``hostname``) so
+dashboards built for dcgm-exporter work, plus ``simulated`` so simulated GPUs are never mistaken for real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.db.models import Count
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controlplane.inventory.choices import GpuHealth, ServerState
+from controlplane.inventory.models import Gpu, Server
+from nodeagent import schema
+
+GPU_LABELS = ["gpu", "uuid", "modelName", "hostname", "simulated"]
+
+# (DCGM field, help); all gauges, as dcgm-exporter exposes them.
+GPU_SERIES = (
+    (schema.GPU_UTIL, "GPU utilization (in %)."),
+    (schema.FB_USED, "Framebuffer memory used (in MiB)."),
+    (schema.GPU_TEMP, "GPU temperature (in C)."),
+    (schema.POWER_USAGE, "Power draw (in W)."),
+    (schema.TOTAL_ENERGY, "Total energy consumption since boot (in mJ)."),
+    (schema.XID_ERRORS, "Value of the last XID error encountered."),
+)
+
+
+class FleetCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        servers = GaugeMetricFamily("gpucp_servers", "Servers by lifecycle state.", labels=["state"])
+        counts = dict(Server.objects.values_list("state").annotate(n=Count("id")).order_by())
+        for state in ServerState.values:
+            servers.add_metric([state], counts.get(state, 0))
+        yield servers
+
+        gpus = GaugeMetricFamily("gpucp_gpus", "GPUs by health and presence.", labels=["health", "present"])
+        by_health = {
+            (h, p): n for h, p, n in Gpu.objects.values_list("health", "present").annotate(n=Count("id")).order_by()
+        }
+        for health in GpuHealth.values:
+            for present in (True, False):
+                gpus.add_metric([health, str(present).lower()], by_health.get((health, present), 0))
+        yield gpus
+
+        families = {field: GaugeMetricFamily(field, help_text, labels=GPU_LABELS) for field, help_text in GPU_SERIES}
+        unhealthy = GaugeMetricFamily("gpucp_gpu_unhealthy", "1 while the GPU is unhealthy.", labels=GPU_LABELS)
+        rows = (
+            Gpu.objects.filter(present=True)
+            .order_by("server__hostname", "index")
+            .values_list("index", "uuid", "model__name", "server__hostname", "server__simulated", "health", "telemetry")
+        )
+        for index, uuid, model_name, hostname, simulated, health, telemetry in rows.iterator(chunk_size=2000):
+            labels = [str(index), uuid, model_name, hostname, str(simulated).lower()]
+            unhealthy.add_metric(labels, 0 if health == GpuHealth.HEALTHY else 1)
+            for field, family in families.items():
+                value = (telemetry or {}).get(field)
+                if value is not None:
+                    family.add_metric(labels, float(value))
+        yield from families.values()
+        yield unhealthy
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(FleetCollector())

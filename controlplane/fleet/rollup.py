@@ -1,0 +1,136 @@
+"""Folding 1 Hz samples into per-minute rows with one statement per heartbeat.
+
+The agent sends a few seconds of samples per heartbeat, so a minute's row is written by about a dozen
+heartbeats. Samples are first folded per (GPU, minute) in Python - PostgreSQL refuses an upsert that touches
+one row twice - then written with a single ``INSERT ... ON CONFLICT (gpu_id, minute) DO UPDATE`` that adds
+counts and sums, keeps maxima, keeps the first energy reading and moves the last. The SQL is the same on
+PostgreSQL and SQLite (3.24+): no GREATEST/MAX(a, b), whose NULL handling differs between the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+
+from controlplane.fleet.models import GpuTelemetryMinute
+from nodeagent import schema
+
+
+@dataclass
+class MinuteFold:
+    samples: int = 0
+    util_samples: int = 0
+    util_sum: float = 0.0
+    util_max: float | None = None
+    fb_used_max_mib: float | None = None
+    power_samples: int = 0
+    power_sum_w: float = 0.0
+    temp_max_c: float | None = None
+    energy_first_mj: float | None = None
+    energy_last_mj: float | None = None
+
+    def add(self, fields: dict[str, float | None]) -> None:
+        self.samples += 1
+        util = fields.get(schema.GPU_UTIL)
+        if util is not None:
+            self.util_samples += 1
+            self.util_sum += util
+            self.util_max = util if self.util_max is None else max(self.util_max, util)
+        fb = fields.get(schema.FB_USED)
+        if fb is not None:
+            self.fb_used_max_mib = fb if self.fb_used_max_mib is None else max(self.fb_used_max_mib, fb)
+        power = fields.get(schema.POWER_USAGE)
+        if power is not None:
+            self.power_samples += 1
+            self.power_sum_w += power
+        temp = fields.get(schema.GPU_TEMP)
+        if temp is not None:
+            self.temp_max_c = temp if self.temp_max_c is None else max(self.temp_max_c, temp)
+        energy = fields.get(schema.TOTAL_ENERGY)
+        if energy is not None:
+            if self.energy_first_mj is None:
+                self.energy_first_mj = energy
+            self.energy_last_mj = energy
+
+
+def minute_of(ts: datetime) -> datetime:
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return ts.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+_COLUMNS = (
+    "gpu_id",
+    "minute",
+    "samples",
+    "util_samples",
+    "util_sum",
+    "util_max",
+    "fb_used_max_mib",
+    "power_samples",
+    "power_sum_w",
+    "temp_max_c",
+    "energy_first_mj",
+    "energy_last_mj",
+)
+
+
+def _greater(column: str, table: str) -> str:
+    return (
+        f"{column} = CASE WHEN excluded.{column} IS NULL THEN {table}.{column} "
+        f"WHEN {table}.{column} IS NULL OR excluded.{column} > {table}.{column} THEN excluded.{column} "
+        f"ELSE {table}.{column} END"
+    )
+
+
+def _upsert_sql(rows: int) -> str:
+    table = connection.ops.quote_name(GpuTelemetryMinute._meta.db_table)
+    placeholders = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+    values = ", ".join([placeholders] * rows)
+    updates = ", ".join(
+        [
+            *(
+                f"{c} = {table}.{c} + excluded.{c}"
+                for c in ("samples", "util_samples", "util_sum", "power_samples", "power_sum_w")
+            ),
+            *(_greater(c, table) for c in ("util_max", "fb_used_max_mib", "temp_max_c")),
+            f"energy_first_mj = COALESCE({table}.energy_first_mj, excluded.energy_first_mj)",
+            f"energy_last_mj = COALESCE(excluded.energy_last_mj, {table}.energy_last_mj)",
+        ]
+    )
+    return (
+        f"INSERT INTO {table} ({', '.join(_COLUMNS)}) VALUES {values} "  # noqa: S608 - no user input in SQL
+        f"ON CONFLICT (gpu_id, minute) DO UPDATE SET {updates}"
+    )
+
+
+def write_minutes(folds: dict[tuple[int, datetime], MinuteFold]) -> int:
+    """Upsert the folded minutes in one statement; returns how many (GPU, minute) rows it touched."""
+    if not folds:
+        return 0
+    adapt = connection.ops.adapt_datetimefield_value
+    params: list[Any] = []
+    # Sorted so concurrent heartbeats touching the same rows take their row locks in one order (no deadlock).
+    for (gpu_id, minute), f in sorted(folds.items()):
+        params.extend(
+            (
+                gpu_id,
+                adapt(minute),
+                f.samples,
+                f.util_samples,
+                f.util_sum,
+                f.util_max,
+                f.fb_used_max_mib,
+                f.power_samples,
+                f.power_sum_w,
+                f.temp_max_c,
+                f.energy_first_mj,
+                f.energy_last_mj,
+            )
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(_upsert_sql(len(folds)), params)
+    return len(folds)

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import permissions
+
+from controlplane.accounts.selectors import is_operator
+
+
+class IsOperator(permissions.BasePermission):
+    message = "Only operators may do this."
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return is_operator(request.user)
+
+
+class IsOperatorOrReadOnly(permissions.BasePermission):
+    """Any signed-in user reads (tenants need the catalog and availability); operators write."""
+
+    message = "Only operators may change the inventory."
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or is_operator(request.user)

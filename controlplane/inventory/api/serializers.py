@@ -1,0 +1,144 @@
+"""Two views of the fleet: what a tenant needs to see availability, and everything for operators."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from controlplane.inventory.choices import ServerState
+from controlplane.inventory.models import Gpu, GpuModel, Rack, Server, ServerEvent, Site
+
+
+class SiteSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Site
+        fields = ["id", "name", "location"]
+
+
+class RackSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Rack
+        fields = ["id", "site", "name"]
+
+
+class GpuModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GpuModel
+        fields = ["id", "name", "product_name", "memory_mib", "price_per_gpu_hour", "currency", "billing_weight"]
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    model: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    server: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="hostname", read_only=True)
+
+    class Meta:
+        model = Gpu
+        fields = [
+            "id",
+            "uuid",
+            "server",
+            "index",
+            "model",
+            "product_name",
+            "memory_mib",
+            "numa_node",
+            "nvlink_peers",
+            "present",
+            "health",
+        ]
+        read_only_fields = fields
+
+
+class OperatorGpuSerializer(GpuSerializer):
+    class Meta(GpuSerializer.Meta):
+        fields = [
+            *GpuSerializer.Meta.fields,
+            "pci_bus_id",
+            "health_reasons",
+            "needs_acknowledgement",
+            "telemetry",
+            "telemetry_at",
+            "last_seen_at",
+        ]
+        read_only_fields = fields
+
+
+class ServerGpuSerializer(GpuSerializer):
+    """A GPU nested in its server: the server is implied."""
+
+    class Meta(GpuSerializer.Meta):
+        fields = [f for f in GpuSerializer.Meta.fields if f != "server"]
+        read_only_fields = fields
+
+
+class OperatorServerGpuSerializer(OperatorGpuSerializer):
+    class Meta(OperatorGpuSerializer.Meta):
+        fields = [f for f in OperatorGpuSerializer.Meta.fields if f != "server"]
+        read_only_fields = fields
+
+
+class ServerSerializer(serializers.ModelSerializer):
+    site = serializers.SerializerMethodField()
+    rack: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    gpus = ServerGpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Server
+        fields = ["id", "hostname", "state", "site", "rack", "simulated", "gpus"]
+        read_only_fields = fields
+
+    def get_site(self, obj: Server) -> str | None:
+        return obj.rack.site.name if obj.rack else None
+
+
+class OperatorServerSerializer(ServerSerializer):
+    gpus = OperatorServerGpuSerializer(many=True, read_only=True)  # type: ignore[assignment]
+    credential = serializers.SerializerMethodField()
+
+    class Meta(ServerSerializer.Meta):
+        fields = [
+            *ServerSerializer.Meta.fields,
+            "state_before_offline",
+            "agent_version",
+            "facts",
+            "heartbeat_interval_s",
+            "last_heartbeat_at",
+            "last_heartbeat_seq",
+            "created_at",
+            "credential",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {"lookup": {"type": "string"}, "created_at": {"type": "string", "format": "date-time"}},
+        }
+    )
+    def get_credential(self, obj: Server) -> dict[str, object] | None:
+        # Prefetched as ``active_credentials`` by the view; never the secret, only which one is live.
+        active = getattr(obj, "active_credentials", None)
+        if active is None:
+            active = list(obj.credentials.filter(revoked_at__isnull=True))
+        if not active:
+            return None
+        return {"lookup": active[0].lookup, "created_at": active[0].created_at}
+
+
+class ServerEventSerializer(serializers.ModelSerializer):
+    gpu: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="uuid", read_only=True)
+
+    class Meta:
+        model = ServerEvent
+        fields = ["id", "at", "kind", "gpu", "from_state", "to_state", "actor_label", "reason", "data"]
+        read_only_fields = fields
+
+
+class ServerStateChangeSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=ServerState.choices)
+    reason = serializers.CharField(max_length=2000)
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000)

@@ -1,0 +1,96 @@
+"""Writes to the inventory: the server lifecycle and its audit trail."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.inventory.choices import EventKind, ServerState
+from controlplane.inventory.models import Gpu, Server, ServerEvent
+
+NODE_LOSS_ACTOR = "system:node-loss"
+
+# Operator-driven transitions. OFFLINE is entered only by node-loss detection and left only by a heartbeat
+# (back to where the server was) or by retiring it; RETIRED is final.
+ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    ServerState.COMMISSIONING: frozenset({ServerState.READY, ServerState.MAINTENANCE, ServerState.RETIRED}),
+    ServerState.READY: frozenset({ServerState.DRAINING, ServerState.MAINTENANCE, ServerState.RETIRED}),
+    ServerState.DRAINING: frozenset({ServerState.READY, ServerState.MAINTENANCE, ServerState.RETIRED}),
+    ServerState.MAINTENANCE: frozenset({ServerState.READY, ServerState.RETIRED}),
+    ServerState.OFFLINE: frozenset({ServerState.RETIRED}),
+    ServerState.RETIRED: frozenset(),
+}
+
+
+def actor_label(actor: Any) -> str:
+    if actor is None:
+        return "system"
+    if isinstance(actor, str):
+        return actor
+    return actor.get_username()
+
+
+def server_event(
+    *,
+    server: Server | int,
+    kind: str,
+    actor: Any = None,
+    reason: str,
+    gpu: Gpu | None = None,
+    from_state: str = "",
+    to_state: str = "",
+    data: dict[str, Any] | None = None,
+    at: datetime | None = None,
+) -> ServerEvent:
+    """An unsaved event, so hot paths can bulk_create a heartbeat's events in one statement."""
+    user = None if actor is None or isinstance(actor, str) else actor
+    return ServerEvent(
+        server_id=server if isinstance(server, int) else server.pk,
+        gpu=gpu,
+        kind=kind,
+        actor=user,
+        actor_label=actor_label(actor),
+        reason=reason,
+        from_state=from_state,
+        to_state=to_state,
+        data=data or {},
+        at=at or timezone.now(),
+    )
+
+
+@transaction.atomic
+def server_set_state(*, server: Server, to: str, actor: Any, reason: str) -> Server:
+    """Move a server along its lifecycle on an operator's word; 409 when the move is not allowed."""
+    if to not in ServerState.values:
+        raise ValidationFailed(f"{to!r} is not a server state.", fields={"state": [f"Unknown state {to!r}."]})
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationFailed(
+            "A reason is required for a state change.", fields={"reason": ["This field is required."]}
+        )
+    current = Server.objects.filter(pk=server.pk).values_list("state", flat=True).first()
+    if current is None:
+        raise Conflict(f"Server {server.hostname} no longer exists.")
+    if to not in ALLOWED_TRANSITIONS[ServerState(current)]:
+        raise Conflict(
+            f"A server cannot go from {current} to {to}.",
+            code="invalid_transition",
+            extra={"from": current, "to": to},
+        )
+    # Conditional on the state we checked: a heartbeat or node-loss detection may have moved it meanwhile.
+    if Server.objects.filter(pk=server.pk, state=current).update(state=to, state_before_offline="") != 1:
+        raise Conflict(f"Server {server.hostname} changed state meanwhile; look again and retry.", code="stale_state")
+    server_event(
+        server=server, kind=EventKind.STATE, actor=actor, reason=reason, from_state=current, to_state=to
+    ).save()
+    if to == ServerState.RETIRED:
+        # A retired server's agent has nothing more to say: its credential goes with it.
+        from controlplane.fleet.services import revoke_active_credentials
+
+        revoke_active_credentials(server=server, actor=actor, reason=f"server retired: {reason}")
+    server.refresh_from_db()
+    return server

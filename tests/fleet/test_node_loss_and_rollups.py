@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from controlplane.fleet import desired
+from controlplane.fleet.models import GpuTelemetryMinute
+from controlplane.fleet.services import detect_lost_servers, prune_telemetry
+from controlplane.fleet.tasks import detect_lost_servers as detect_task
+from controlplane.inventory.choices import EventKind, ServerState
+from controlplane.inventory.models import Server, ServerEvent
+from controlplane.inventory.services import NODE_LOSS_ACTOR, server_set_state
+from nodeagent import schema
+from tests.fleet.helpers import T0, gpu_uuid, heartbeat, ingest
+
+pytestmark = pytest.mark.django_db
+
+
+@override_settings(FLEET_OFFLINE_AFTER_INTERVALS=3)
+def test_silent_server_goes_offline_and_returns_to_its_state(
+    node: Any, operator: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = node[0]
+    lost: list[str] = []
+    monkeypatch.setattr(desired, "server_lost", lambda s, now: lost.append(s.hostname))
+    ingest(server, heartbeat("node-a"), now=T0)
+    server_set_state(server=server, to=ServerState.READY, actor=operator, reason="burn-in passed")
+    server_set_state(server=server, to=ServerState.DRAINING, actor=operator, reason="kernel update")
+    assert detect_lost_servers(T0 + timedelta(seconds=14)) == 0  # 3 x 5 s not yet passed
+    assert detect_lost_servers(T0 + timedelta(seconds=16)) == 1
+    server.refresh_from_db()
+    assert (server.state, server.state_before_offline) == (ServerState.OFFLINE, ServerState.DRAINING)
+    assert lost == ["node-a"]
+    offline = ServerEvent.objects.filter(kind=EventKind.STATE, to_state=ServerState.OFFLINE).get()
+    assert offline.actor_label == NODE_LOSS_ACTOR and "no heartbeat for 16 s" in offline.reason
+    assert detect_lost_servers(T0 + timedelta(seconds=60)) == 0  # already offline: idempotent
+
+    reply = ingest(server, heartbeat("node-a", seq=2, start=T0 + timedelta(seconds=61)), now=T0 + timedelta(seconds=61))
+    assert reply.server_state == ServerState.DRAINING
+    server.refresh_from_db()
+    assert (server.state, server.state_before_offline) == (ServerState.DRAINING, "")
+    back = ServerEvent.objects.filter(kind=EventKind.STATE, from_state=ServerState.OFFLINE).get()
+    assert back.to_state == ServerState.DRAINING and back.actor_label == "agent:node-a"
+
+
+def test_per_server_interval_decides_loss(node: Any) -> None:
+    server = node[0]
+    Server.objects.filter(pk=server.pk).update(heartbeat_interval_s=60.0)
+    ingest(server, heartbeat("node-a"), now=T0)
+    assert detect_lost_servers(T0 + timedelta(seconds=100)) == 0
+    assert detect_lost_servers(T0 + timedelta(seconds=181)) == 1
+
+
+def test_never_heard_and_retired_servers_are_not_lost(node: Any, operator: Any) -> None:
+    assert detect_lost_servers(T0 + timedelta(days=1)) == 0
+    ingest(node[0], heartbeat("node-a"), now=T0)
+    server_set_state(server=node[0], to=ServerState.RETIRED, actor=operator, reason="end of life")
+    assert detect_lost_servers(T0 + timedelta(days=1)) == 0
+
+
+def test_celery_task_runs_the_detector(node: Any) -> None:
+    ingest(node[0], heartbeat("node-a"), now=T0)
+    assert detect_task.apply().get() == 1
+
+
+def test_rollup_arithmetic_across_heartbeats_and_minutes(node: Any) -> None:
+    uuid = gpu_uuid("node-a", 0)
+    first = heartbeat("node-a", seq=1, samples_per_gpu=2, start=T0 + timedelta(seconds=50))
+    util = iter([10.0, 30.0, 90.0, 20.0, 40.0])
+    for sample in first["samples"]:
+        if sample["uuid"] == uuid:
+            sample["fields"].update(
+                {
+                    schema.GPU_UTIL: next(util),
+                    schema.POWER_USAGE: 100.0,
+                    schema.TOTAL_ENERGY: 5000.0 if sample["ts"].endswith(":50+00:00") else 5100.0,
+                }
+            )
+    ingest(node[0], first)
+    second = heartbeat("node-a", seq=2, samples_per_gpu=3, start=T0 + timedelta(seconds=58))
+    energy = iter([5900.0, 6000.0, 6100.0])
+    for sample in second["samples"]:
+        if sample["uuid"] == uuid:
+            sample["fields"].update(
+                {
+                    schema.GPU_UTIL: next(util) if sample["ts"] < (T0 + timedelta(seconds=60)).isoformat() else 70.0,
+                    schema.POWER_USAGE: None,
+                    schema.GPU_TEMP: 77.0,
+                    schema.TOTAL_ENERGY: next(energy),
+                }
+            )
+    ingest(node[0], second)
+    rows = list(GpuTelemetryMinute.objects.filter(gpu__uuid=uuid).order_by("minute"))
+    assert [r.minute for r in rows] == [T0, T0 + timedelta(minutes=1)]
+    minute0, minute1 = rows
+    # minute 0: samples at :50, :51 (first beat) and :58, :59 (second beat)
+    assert (minute0.samples, minute0.util_samples, minute0.util_sum, minute0.util_max) == (4, 4, 150.0, 90.0)
+    assert (minute0.power_samples, minute0.power_sum_w) == (2, 200.0)  # null power is not a zero
+    assert minute0.temp_max_c == 77.0
+    assert (minute0.energy_first_mj, minute0.energy_last_mj) == (5000.0, 6000.0)
+    assert minute0.util_avg == 37.5
+    assert (minute1.samples, minute1.util_sum, minute1.energy_first_mj, minute1.energy_last_mj) == (
+        1,
+        70.0,
+        6100.0,
+        6100.0,
+    )
+
+
+def test_old_rollups_are_pruned(node: Any) -> None:
+    ingest(node[0], heartbeat("node-a"))
+    with override_settings(TELEMETRY_MINUTE_RETENTION_DAYS=14):
+        assert prune_telemetry(T0 + timedelta(days=13)) == 0
+        assert prune_telemetry(T0 + timedelta(days=15)) == 2
+    assert GpuTelemetryMinute.objects.count() == 0
