@@ -1,1 +1,23 @@
-urlpatterns: list = []
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from controlplane.accounting.api.views import (
+    FleetReportView,
+    ProjectReportView,
+    StatementViewSet,
+    TimeseriesView,
+    UsageRecordViewSet,
+)
+
+router = SimpleRouter()
+router.register("usage/records", UsageRecordViewSet, basename="usage-record")
+router.register("usage/statements", StatementViewSet, basename="usage-statement")
+
+urlpatterns = [
+    path("usage/report", ProjectReportView.as_view(), name="usage-report"),
+    path("usage/report.<str:format>", ProjectReportView.as_view(), name="usage-report-format"),
+    path("usage/fleet", FleetReportView.as_view(), name="usage-fleet"),
+    path("usage/fleet.<str:format>", FleetReportView.as_view(), name="usage-fleet-format"),
+    path("usage/timeseries", TimeseriesView.as_view(), name="usage-timeseries"),
+    *router.urls,
+]

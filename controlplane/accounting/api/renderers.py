@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.renderers import BaseRenderer
+
+from controlplane.accounting.statements import report_csv
+
+
+class ReportCSVRenderer(BaseRenderer):
+    """The rows of a report (and its totals line) as CSV; errors stay in the API's JSON shape."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        if isinstance(data, dict) and "rows" in data and "error" not in data:
+            return report_csv(data["rows"], data.get("totals")).encode()
+        if isinstance(data, list):
+            return report_csv(data).encode()
+        import json
+
+        return json.dumps(data, default=str).encode()

@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from rest_framework import serializers
+
+from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy, Period
+from controlplane.accounting.models import MonthlyStatement, UsageRecord
+from controlplane.accounting.timeutil import is_on_the_hour, month_start, next_month, utc
+
+MAX_RANGE = timedelta(days=400)
+
+
+def _as_datetime(value: str, field: str) -> datetime:
+    try:
+        if len(value) == 10:
+            return datetime.combine(date.fromisoformat(value), time(0), tzinfo=UTC)
+        return utc(datetime.fromisoformat(value.replace("Z", "+00:00")))
+    except ValueError as exc:
+        raise serializers.ValidationError({field: ["Give an ISO 8601 date or date-time on the hour."]}) from exc
+
+
+class RangeQuerySerializer(serializers.Serializer):
+    """A range: ``start``/``end`` (dates or date-times on the hour, end exclusive) or ``period`` and ``date``.
+    With neither, the current UTC month."""
+
+    start = serializers.CharField(required=False)
+    end = serializers.CharField(required=False)
+    period = serializers.ChoiceField(choices=Period.choices, required=False)
+    date = serializers.DateField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("start") or attrs.get("end"):
+            if not (attrs.get("start") and attrs.get("end")):
+                missing = "end" if attrs.get("start") else "start"
+                raise serializers.ValidationError({missing: ["Give both start and end."]})
+            start, end = _as_datetime(attrs["start"], "start"), _as_datetime(attrs["end"], "end")
+        else:
+            anchor = datetime.combine(attrs.get("date") or datetime.now(UTC).date(), time(0), tzinfo=UTC)
+            period = attrs.get("period") or Period.MONTH
+            if period == Period.DAY:
+                start, end = anchor, anchor + timedelta(days=1)
+            elif period == Period.WEEK:
+                start = anchor - timedelta(days=anchor.weekday())
+                end = start + timedelta(days=7)
+            else:
+                start = month_start(anchor)
+                end = next_month(start)
+        for name, value in (("start", start), ("end", end)):
+            if not is_on_the_hour(value):
+                raise serializers.ValidationError({name: ["Must be on the hour: usage is split by UTC hour."]})
+        if end <= start:
+            raise serializers.ValidationError({"end": ["Must be after start."]})
+        if end - start > MAX_RANGE:
+            raise serializers.ValidationError({"end": [f"A report covers at most {MAX_RANGE.days} days."]})
+        attrs["start"], attrs["end"] = start, end
+        return attrs
+
+
+class ProjectReportQuerySerializer(RangeQuerySerializer):
+    project = serializers.CharField(help_text="Project slug.")
+    group_by = serializers.ChoiceField(choices=GroupBy.choices, default=GroupBy.USER)
+
+
+class FleetReportQuerySerializer(RangeQuerySerializer):
+    group_by = serializers.ChoiceField(choices=FleetGroupBy.choices, default=FleetGroupBy.PROJECT)
+
+
+class TimeseriesQuerySerializer(RangeQuerySerializer):
+    project = serializers.CharField(required=False, help_text="Project slug; operators may leave it out.")
+    bucket = serializers.ChoiceField(choices=Bucket.choices, default=Bucket.DAY)
+
+
+class ReportRowSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    label = serializers.CharField()
+    booked_gpu_hours = serializers.FloatField()
+    used_gpu_hours = serializers.FloatField()
+    held_gpu_hours = serializers.FloatField()
+    idle_gpu_hours = serializers.FloatField()
+    util_mean_percent = serializers.FloatField(allow_null=True)
+    low_utilization = serializers.BooleanField()
+    energy_kwh = serializers.FloatField()
+    credits = serializers.DecimalField(max_digits=16, decimal_places=4)
+    cost = serializers.DecimalField(max_digits=16, decimal_places=4, allow_null=True)
+    currency = serializers.CharField(allow_blank=True)
+    costs = serializers.DictField(child=serializers.DecimalField(max_digits=16, decimal_places=4))
+
+
+class ReportSerializer(serializers.Serializer):
+    project = serializers.CharField(allow_null=True)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    group_by = serializers.CharField()
+    rows = ReportRowSerializer(many=True)
+    totals = ReportRowSerializer()
+
+
+class TimeseriesPointSerializer(serializers.Serializer):
+    at = serializers.CharField()
+    held_gpu_hours = serializers.FloatField()
+    used_gpu_hours = serializers.FloatField()
+    idle_gpu_hours = serializers.FloatField()
+    util_mean_percent = serializers.FloatField(allow_null=True)
+    energy_kwh = serializers.FloatField()
+    credits = serializers.DecimalField(max_digits=16, decimal_places=4)
+
+
+class UsageRecordSerializer(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    reservation = serializers.UUIDField(source="reservation.public_id", read_only=True)
+    gpu = serializers.CharField(source="gpu.uuid", read_only=True)
+    gpu_model = serializers.CharField(source="gpu_model.name", read_only=True)
+    user = serializers.CharField(source="user.username", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = UsageRecord
+        fields = [
+            "id",
+            "project",
+            "reservation",
+            "gpu",
+            "gpu_model",
+            "user",
+            "booked_start",
+            "booked_end",
+            "started_at",
+            "finished_at",
+            "measured",
+            "booked_s",
+            "gpu_seconds",
+            "credits",
+            "cost",
+            "currency",
+            "created_at",
+        ]
+
+
+class StatementSerializer(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = MonthlyStatement
+        fields = ["id", "project", "period_key", "period_start", "period_end", "totals", "rows", "generated_at"]

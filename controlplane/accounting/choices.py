@@ -1,0 +1,29 @@
+from django.db import models
+
+
+class GroupBy(models.TextChoices):
+    """How a project's report splits its rows."""
+
+    USER = "user", "User"
+    GPU_MODEL = "gpu_model", "GPU model"
+    DAY = "day", "Day"
+    RESERVATION = "reservation", "Reservation"
+
+
+class FleetGroupBy(models.TextChoices):
+    """How the operators' fleet report splits its rows."""
+
+    PROJECT = "project", "Project"
+    GPU_MODEL = "gpu_model", "GPU model"
+    DAY = "day", "Day"
+
+
+class Bucket(models.TextChoices):
+    HOUR = "hour", "Hour"
+    DAY = "day", "Day"
+
+
+class Period(models.TextChoices):
+    DAY = "day", "Day"
+    WEEK = "week", "Week"
+    MONTH = "month", "Month"

@@ -1,0 +1,289 @@
+"""Reports: a few aggregate queries over the hourly tables, merged in Python.
+
+Booked and used GPU-hours, credits and cost come from usage slices (settled reservations); idle GPU-hours,
+utilization and energy from the hourly telemetry rollups. Both tables are indexed on (project, hour), so a
+project's report is two index range scans with a GROUP BY each, whatever the size of the fleet.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db.models import F, FloatField, QuerySet, Sum
+from django.db.models.functions import Cast, TruncDay, TruncHour
+
+from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy
+from controlplane.accounting.models import GpuUsageHour, MonthlyStatement, UsageRecord, UsageSlice
+from controlplane.accounts.models import Project
+from controlplane.accounts.selectors import projects_visible_to
+from controlplane.inventory.models import GpuModel
+from controlplane.ledger.choices import EntryKind
+from controlplane.ledger.models import LedgerEntry
+from controlplane.reservations.models import Reservation
+
+ZERO = Decimal("0")
+SECONDS_PER_HOUR = 3600.0
+HOURS_PLACES = 6
+
+# Columns of a report row, in CSV order.
+COLUMNS = (
+    "key",
+    "label",
+    "booked_gpu_hours",
+    "used_gpu_hours",
+    "held_gpu_hours",
+    "idle_gpu_hours",
+    "util_mean_percent",
+    "low_utilization",
+    "energy_kwh",
+    "credits",
+    "cost",
+    "currency",
+)
+
+
+def low_util_percent() -> float:
+    return float(getattr(settings, "ACCOUNTING_LOW_UTIL_PERCENT", 70.0))
+
+
+@dataclass
+class ReportRow:
+    key: str
+    label: str
+    booked_s: float = 0.0
+    used_s: float = 0.0
+    held_s: float = 0.0
+    idle_s: float = 0.0
+    util_weighted: float = 0.0
+    util_minutes: int = 0
+    energy_wh: float = 0.0
+    credits: Decimal = ZERO
+    costs: dict[str, Decimal] = field(default_factory=dict)
+
+    def add(self, other: ReportRow) -> None:
+        self.booked_s += other.booked_s
+        self.used_s += other.used_s
+        self.held_s += other.held_s
+        self.idle_s += other.idle_s
+        self.util_weighted += other.util_weighted
+        self.util_minutes += other.util_minutes
+        self.energy_wh += other.energy_wh
+        self.credits += other.credits
+        for currency, amount in other.costs.items():
+            self.costs[currency] = self.costs.get(currency, ZERO) + amount
+
+    @property
+    def util_mean(self) -> float | None:
+        return round(self.util_weighted / self.util_minutes, 2) if self.util_minutes else None
+
+    def as_dict(self) -> dict[str, Any]:
+        util = self.util_mean
+        currencies = sorted(self.costs)
+        return {
+            "key": self.key,
+            "label": self.label,
+            "booked_gpu_hours": round(self.booked_s / SECONDS_PER_HOUR, HOURS_PLACES),
+            "used_gpu_hours": round(self.used_s / SECONDS_PER_HOUR, HOURS_PLACES),
+            "idle_gpu_hours": round(self.idle_s / SECONDS_PER_HOUR, HOURS_PLACES),
+            "held_gpu_hours": round(self.held_s / SECONDS_PER_HOUR, HOURS_PLACES),
+            "util_mean_percent": util,
+            "low_utilization": util is not None and util < low_util_percent(),
+            "energy_kwh": round(self.energy_wh / 1000.0, 6),
+            "credits": self.credits,
+            "cost": self.costs[currencies[0]] if len(currencies) == 1 else (ZERO if not currencies else None),
+            "currency": currencies[0] if len(currencies) == 1 else ("" if not currencies else "mixed"),
+            "costs": {c: self.costs[c] for c in currencies},
+        }
+
+
+@dataclass
+class Report:
+    start: datetime
+    end: datetime
+    group_by: str
+    project: Project | None
+    rows: list[ReportRow]
+    total: ReportRow
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "project": self.project.slug if self.project else None,
+            "start": self.start,
+            "end": self.end,
+            "group_by": self.group_by,
+            "rows": [row.as_dict() for row in self.rows],
+            "totals": self.total.as_dict(),
+        }
+
+
+def _group_expr(group_by: str) -> Any:
+    if group_by in (GroupBy.DAY, FleetGroupBy.DAY, Bucket.DAY):
+        return TruncDay("hour")
+    if group_by == Bucket.HOUR:
+        return TruncHour("hour")
+    return F(
+        {
+            GroupBy.USER: "user_id",
+            GroupBy.GPU_MODEL: "gpu_model_id",
+            GroupBy.RESERVATION: "reservation_id",
+            FleetGroupBy.PROJECT: "project_id",
+        }[group_by]
+    )
+
+
+def _labels(group_by: str, keys: set[Any]) -> dict[Any, tuple[str, str]]:
+    """(key, label) per group value, with one small query for names."""
+    ids = [k for k in keys if k is not None]
+    if group_by in (GroupBy.DAY, Bucket.DAY):
+        return {k: (k.date().isoformat(), k.date().isoformat()) for k in ids}
+    if group_by == Bucket.HOUR:
+        return {k: (k.isoformat(), k.isoformat()) for k in ids}
+    if group_by == GroupBy.USER:
+        names = dict(get_user_model().objects.filter(pk__in=ids).values_list("pk", "username"))
+        out = {k: (names.get(k, str(k)), names.get(k, str(k))) for k in ids}
+        out[None] = ("", "(no user)")
+        return out
+    if group_by == GroupBy.GPU_MODEL:
+        names = dict(GpuModel.objects.filter(pk__in=ids).values_list("pk", "name"))
+        return {k: (names.get(k, str(k)), names.get(k, str(k))) for k in ids}
+    if group_by == GroupBy.RESERVATION:
+        rows = Reservation.objects.filter(pk__in=ids).values_list("pk", "public_id", "name")
+        return {pk: (str(public_id), name) for pk, public_id, name in rows}
+    rows = Project.objects.filter(pk__in=ids).values_list("pk", "slug", "name")
+    out = {pk: (slug, name) for pk, slug, name in rows}
+    out[None] = ("", "(not held)")
+    return out
+
+
+def _aggregate(*, slices: QuerySet[UsageSlice], hours: QuerySet[GpuUsageHour], group_by: str) -> dict[Any, ReportRow]:
+    group = _group_expr(group_by)
+    rows: dict[Any, ReportRow] = defaultdict(lambda: ReportRow(key="", label=""))
+    for r in (
+        slices.annotate(g=group)
+        .values("g", "currency")
+        .order_by()
+        .annotate(booked=Sum("booked_s"), used=Sum("used_s"), credits=Sum("credits"), cost=Sum("cost"))
+    ):
+        row = rows[r["g"]]
+        row.booked_s += r["booked"] or 0.0
+        row.used_s += r["used"] or 0.0
+        row.credits += r["credits"] or ZERO
+        row.costs[r["currency"]] = row.costs.get(r["currency"], ZERO) + (r["cost"] or ZERO)
+    for r in (
+        hours.annotate(g=group)
+        .values("g")
+        .order_by()
+        .annotate(
+            held=Sum("held_s"),
+            idle=Sum("idle_s"),
+            energy=Sum("energy_wh"),
+            umin=Sum("util_minutes"),
+            uweighted=Sum(F("util_mean") * Cast("util_minutes", FloatField())),
+        )
+    ):
+        row = rows[r["g"]]
+        row.held_s += r["held"] or 0.0
+        row.idle_s += r["idle"] or 0.0
+        row.energy_wh += r["energy"] or 0.0
+        row.util_minutes += r["umin"] or 0
+        row.util_weighted += r["uweighted"] or 0.0
+    return rows
+
+
+def _finish(rows: dict[Any, ReportRow], group_by: str) -> tuple[list[ReportRow], ReportRow]:
+    labels = _labels(group_by, set(rows))
+    total = ReportRow(key="total", label="Total")
+    out = []
+    for value, row in rows.items():
+        row.credits = row.credits.quantize(Decimal("0.0001"))
+        row.costs = {c: a.quantize(Decimal("0.0001")) for c, a in row.costs.items()}
+        row.key, row.label = labels.get(value, (str(value), str(value)))
+        total.add(row)
+        out.append(row)
+    out.sort(key=lambda r: (r.key == "", r.key))
+    return out, total
+
+
+def project_report(*, project: Project, start: datetime, end: datetime, group_by: str = GroupBy.USER) -> Report:
+    """One project's usage over [start, end), split by user, GPU model, day or reservation."""
+    slices = UsageSlice.objects.filter(project=project, hour__gte=start, hour__lt=end)
+    hours = GpuUsageHour.objects.filter(project=project, hour__gte=start, hour__lt=end)
+    rows, total = _finish(_aggregate(slices=slices, hours=hours, group_by=group_by), group_by)
+    return Report(start=start, end=end, group_by=group_by, project=project, rows=rows, total=total)
+
+
+def fleet_report(*, start: datetime, end: datetime, group_by: str = FleetGroupBy.PROJECT) -> Report:
+    """The whole fleet over [start, end). Telemetry of GPUs nobody held counts in the "(not held)" project row
+    and in the GPU-model and day rows, so those show the fleet's utilization, not only the tenants'."""
+    slices = UsageSlice.objects.filter(hour__gte=start, hour__lt=end)
+    hours = GpuUsageHour.objects.filter(hour__gte=start, hour__lt=end)
+    rows, total = _finish(_aggregate(slices=slices, hours=hours, group_by=group_by), group_by)
+    return Report(start=start, end=end, group_by=group_by, project=None, rows=rows, total=total)
+
+
+def timeseries(
+    *, start: datetime, end: datetime, bucket: str = Bucket.HOUR, project: Project | None = None
+) -> list[dict[str, Any]]:
+    """Per hour or day: held GPU-hours, used and idle GPU-hours, mean utilization and energy, for charts."""
+    slices = UsageSlice.objects.filter(hour__gte=start, hour__lt=end)
+    hours = GpuUsageHour.objects.filter(hour__gte=start, hour__lt=end)
+    if project is not None:
+        slices, hours = slices.filter(project=project), hours.filter(project=project)
+    rows, _ = _finish(_aggregate(slices=slices, hours=hours, group_by=bucket), bucket)
+    keep = ("held_gpu_hours", "used_gpu_hours", "idle_gpu_hours", "util_mean_percent", "energy_kwh", "credits")
+    out = []
+    for row in sorted(rows, key=lambda r: r.key):
+        data = row.as_dict()
+        out.append({"at": row.key, **{name: data[name] for name in keep}})
+    return out
+
+
+def ledger_charges(*, project: Project, start: datetime, end: datetime) -> Decimal:
+    """The ledger's charges attributed to [start, end) by usage time: each charge of a settled reservation
+    weighted by the share of its usage slices inside the range. Equal to the report's credits by construction:
+    this is the check that the slices of every reservation still add up to its charge."""
+    slices = UsageSlice.objects.filter(project=project)
+    inside = dict(
+        slices.filter(hour__gte=start, hour__lt=end)
+        .values("reservation_id")
+        .order_by()
+        .annotate(c=Sum("credits"))
+        .values_list("reservation_id", "c")
+    )
+    if not inside:
+        return ZERO
+    whole = dict(
+        slices.filter(reservation_id__in=list(inside))
+        .values("reservation_id")
+        .order_by()
+        .annotate(c=Sum("credits"))
+        .values_list("reservation_id", "c")
+    )
+    charged = dict(
+        LedgerEntry.objects.filter(reservation_id__in=list(inside), kind=EntryKind.CHARGE)
+        .values("reservation_id")
+        .order_by()
+        .annotate(c=Sum("amount"))
+        .values_list("reservation_id", "c")
+    )
+    total = ZERO
+    for reservation_id, part in inside.items():
+        charge = -(charged.get(reservation_id) or ZERO)
+        total += charge if whole[reservation_id] == part else part * charge / whole[reservation_id]
+    return total.quantize(Decimal("0.0001"))
+
+
+def usage_records_visible_to(user: Any) -> QuerySet[UsageRecord]:
+    return UsageRecord.objects.filter(project__in=projects_visible_to(user)).select_related(
+        "project", "gpu", "gpu_model", "user", "reservation"
+    )
+
+
+def statements_visible_to(user: Any) -> QuerySet[MonthlyStatement]:
+    return MonthlyStatement.objects.filter(project__in=projects_visible_to(user)).select_related("project")
