@@ -18,4 +18,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("", include("controlplane.fleet.urls")),  # /metrics, /healthz
+    path("", include("controlplane.core.spa")),  # the portal: last, it answers every other path
 ]

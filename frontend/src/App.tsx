@@ -1,0 +1,135 @@
+import { AppShell, Burger, Button, Center, Group, Loader, NavLink, Text, Title } from "@mantine/core";
+import { useDisclosure } from "@mantine/hooks";
+import { useQueryClient } from "@tanstack/react-query";
+import { Navigate, Route, Routes, useLocation, useNavigate, Link } from "react-router";
+
+import { api } from "./api/client";
+import { useMe } from "./api/hooks";
+import { ErrorAlert } from "./components/QueryState";
+import { AvailabilityPage } from "./pages/Availability";
+import { DashboardPage } from "./pages/Dashboard";
+import { FleetPage } from "./pages/Fleet";
+import { JoinTokensPage } from "./pages/JoinTokens";
+import { LoginPage } from "./pages/Login";
+import { ReservationPage } from "./pages/Reservation";
+import { TokensPage } from "./pages/Tokens";
+import { UsagePage } from "./pages/Usage";
+
+const TENANT_LINKS = [
+  { to: "/", label: "Dashboard" },
+  { to: "/availability", label: "Book GPUs" },
+  { to: "/usage", label: "Usage" },
+  { to: "/tokens", label: "API tokens" },
+];
+const OPERATOR_LINKS = [
+  { to: "/fleet", label: "Fleet health" },
+  { to: "/join-tokens", label: "Join tokens" },
+];
+
+export function App() {
+  const me = useMe();
+  const location = useLocation();
+
+  if (me.isLoading) {
+    return (
+      <Center h="100vh">
+        <Loader aria-label="Loading" />
+      </Center>
+    );
+  }
+  if (me.error) {
+    return (
+      <Center h="100vh" p="md">
+        <ErrorAlert error={me.error} title="The control plane could not be reached" />
+      </Center>
+    );
+  }
+  if (!me.data) {
+    return (
+      <Routes>
+        <Route path="/login" element={<LoginPage />} />
+        <Route path="*" element={<Navigate to={`/login?next=${encodeURIComponent(location.pathname)}`} replace />} />
+      </Routes>
+    );
+  }
+  const operator = me.data.is_operator;
+  return (
+    <Shell username={me.data.username} operator={operator}>
+      <Routes>
+        <Route path="/" element={<DashboardPage />} />
+        <Route path="/login" element={<Navigate to="/" replace />} />
+        <Route path="/availability" element={<AvailabilityPage />} />
+        <Route path="/reservations/:id" element={<ReservationPage />} />
+        <Route path="/usage" element={<UsagePage />} />
+        <Route path="/tokens" element={<TokensPage />} />
+        <Route path="/fleet" element={operator ? <FleetPage /> : <OperatorsOnly />} />
+        <Route path="/join-tokens" element={operator ? <JoinTokensPage /> : <OperatorsOnly />} />
+        <Route path="*" element={<NotFound />} />
+      </Routes>
+    </Shell>
+  );
+}
+
+function Shell({ username, operator, children }: { username: string; operator: boolean; children: React.ReactNode }) {
+  const [opened, { toggle, close }] = useDisclosure();
+  const location = useLocation();
+  const navigate = useNavigate();
+  const queryClient = useQueryClient();
+
+  async function signOut() {
+    await api.post("auth/logout/").catch(() => undefined);
+    queryClient.clear();
+    await queryClient.invalidateQueries({ queryKey: ["me"] });
+    navigate("/login");
+  }
+
+  const links = operator ? [...TENANT_LINKS, ...OPERATOR_LINKS] : TENANT_LINKS;
+  return (
+    <AppShell header={{ height: 56 }} navbar={{ width: 220, breakpoint: "sm", collapsed: { mobile: !opened } }} padding="md">
+      <AppShell.Header>
+        <Group h="100%" px="md" justify="space-between" wrap="nowrap">
+          <Group gap="sm" wrap="nowrap">
+            <Burger opened={opened} onClick={toggle} hiddenFrom="sm" size="sm" aria-label="Toggle navigation" />
+            <Link to="/" style={{ textDecoration: "none", color: "inherit" }}>
+              <Title order={4}>GPU control plane</Title>
+            </Link>
+          </Group>
+          <Group gap="xs" wrap="nowrap">
+            <Text size="sm" visibleFrom="xs" data-testid="signed-in-as">
+              {username}
+              {operator ? " (operator)" : ""}
+            </Text>
+            <Button variant="default" size="xs" onClick={signOut}>
+              Sign out
+            </Button>
+          </Group>
+        </Group>
+      </AppShell.Header>
+      <AppShell.Navbar p="xs" component="nav" aria-label="Main">
+        {links.map((l) => (
+          <NavLink
+            key={l.to}
+            component={Link}
+            to={l.to}
+            label={l.label}
+            active={l.to === "/" ? location.pathname === "/" : location.pathname.startsWith(l.to)}
+            onClick={close}
+          />
+        ))}
+      </AppShell.Navbar>
+      <AppShell.Main>{children}</AppShell.Main>
+    </AppShell>
+  );
+}
+
+function OperatorsOnly() {
+  return <Text>This page is for operators.</Text>;
+}
+
+function NotFound() {
+  return (
+    <Text>
+      There is no page here. <Link to="/">Back to the dashboard</Link>.
+    </Text>
+  );
+}

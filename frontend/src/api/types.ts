@@ -1,0 +1,215 @@
+// Shapes of the public API (see /api/v1/schema/). Decimals arrive as strings and stay strings until shown.
+
+export interface Page<T> {
+  count: number;
+  next: string | null;
+  previous: string | null;
+  results: T[];
+}
+
+export type Role = "owner" | "member" | "viewer";
+
+export interface Me {
+  id: number;
+  username: string;
+  is_operator: boolean;
+  memberships: { project_id: number; project_slug: string; project_name: string; role: Role }[];
+}
+
+export interface Balance {
+  project: string;
+  balance: string;
+  held: string;
+  by_kind: Record<string, string>;
+}
+
+export interface QuotaPolicy {
+  project: string;
+  credits_per_period: string;
+  period: string;
+  max_concurrent_gpus: number | null;
+  max_reservation_hours: string | null;
+  updated_at: string;
+}
+
+export interface GpuModel {
+  id: number;
+  name: string;
+  product_name: string;
+  memory_mib: number;
+  price_per_gpu_hour: string;
+  currency: string;
+  billing_weight: string;
+}
+
+export type ReservationState =
+  | "pending"
+  | "scheduled"
+  | "starting"
+  | "running"
+  | "ending"
+  | "completed"
+  | "cancelled"
+  | "failed"
+  | "interrupted";
+
+export interface Spec {
+  gpu_model: string | null;
+  min_memory_mib: number | null;
+  gpu_count: number | null;
+  whole_servers: number | null;
+}
+
+export interface Reservation {
+  id: string;
+  project: string;
+  name: string;
+  state: ReservationState;
+  spec: Spec;
+  starts_at: string;
+  ends_at: string;
+  image: string;
+  command: string[] | null;
+  env: Record<string, string> | null;
+  created_by: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+export interface Allocation {
+  gpu: string;
+  server: string;
+  index: number;
+  gpu_model: string;
+  starts_at: string;
+  ends_at: string;
+  active: boolean;
+  released_at: string | null;
+}
+
+export interface ReservationEvent {
+  from_state: string;
+  to_state: string;
+  actor_label: string;
+  reason: string;
+  data: unknown;
+  at: string;
+}
+
+export interface ReservationDetail extends Reservation {
+  allocations: Allocation[];
+  events: ReservationEvent[];
+}
+
+export type ServerState = "commissioning" | "ready" | "draining" | "maintenance" | "offline" | "retired";
+
+export interface ServerGpu {
+  id: number;
+  uuid: string;
+  index: number;
+  model: string;
+  product_name: string;
+  memory_mib: number;
+  present: boolean;
+  health: "healthy" | "unhealthy";
+  // Operator-only fields below; absent for tenants.
+  pci_bus_id?: string;
+  health_reasons?: unknown;
+  needs_acknowledgement?: boolean;
+  telemetry?: Record<string, number | null> | null;
+  telemetry_at?: string | null;
+  last_seen_at?: string | null;
+}
+
+export interface Server {
+  id: number;
+  hostname: string;
+  state: ServerState;
+  site: string | null;
+  rack: string;
+  simulated: boolean;
+  gpus: ServerGpu[];
+  agent_version?: string;
+  last_heartbeat_at?: string | null;
+}
+
+export interface TimelineSegment {
+  starts_at: string;
+  ends_at: string;
+  active: boolean;
+  mine: boolean;
+  reservation: string | null;
+  project: string | null;
+}
+
+export interface TimelineGpu {
+  gpu: string;
+  server: string;
+  index: number;
+  gpu_model: string;
+  segments: TimelineSegment[];
+}
+
+export interface TimelineAnswer {
+  start: string;
+  end: string;
+  count: number;
+  gpus: TimelineGpu[];
+}
+
+export interface FreeAnswer {
+  start: string;
+  end: string;
+  free_gpus: number;
+  servers: { hostname: string; free: string[]; whole: boolean }[];
+  proposal: string[] | null;
+}
+
+export interface EarliestAnswer {
+  found: boolean;
+  start: string | null;
+  end: string | null;
+  gpus: string[];
+}
+
+export interface ApiToken {
+  id: number;
+  name: string;
+  prefix: string;
+  created_at: string;
+  expires_at: string | null;
+  revoked_at: string | null;
+  last_used_at: string | null;
+  active: boolean;
+}
+
+export interface ApiTokenCreated extends ApiToken {
+  token: string;
+}
+
+export interface JoinToken {
+  id: number;
+  lookup: string;
+  note: string;
+  status: string;
+  created_by: string;
+  created_at: string;
+  expires_at: string;
+  used_at: string | null;
+  server: string;
+  revoked_at: string | null;
+}
+
+export interface JoinTokenIssued extends JoinToken {
+  token: string;
+}
+
+/** DCGM field names the agent reports (nodeagent/schema.py); any of them may be missing on a GPU. */
+export const DCGM = {
+  util: "DCGM_FI_DEV_GPU_UTIL",
+  fbUsed: "DCGM_FI_DEV_FB_USED",
+  fbTotal: "DCGM_FI_DEV_FB_TOTAL",
+  temp: "DCGM_FI_DEV_GPU_TEMP",
+  power: "DCGM_FI_DEV_POWER_USAGE",
+  energy: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+} as const;

@@ -1,0 +1,320 @@
+import {
+  Alert,
+  Button,
+  Card,
+  Checkbox,
+  Grid,
+  Group,
+  List,
+  NumberInput,
+  SegmentedControl,
+  Select,
+  Stack,
+  Text,
+  TextInput,
+  Title,
+} from "@mantine/core";
+import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
+import { useEffect, useMemo, useState, type FormEvent } from "react";
+import { useNavigate } from "react-router";
+
+import { ApiError, api } from "../api/client";
+import { useBalances, useGpuModels, useMe, useQuotas, useServers } from "../api/hooks";
+import type { EarliestAnswer, FreeAnswer, ReservationDetail, TimelineAnswer } from "../api/types";
+import { ErrorAlert, QueryState } from "../components/QueryState";
+import { Timeline } from "../components/Timeline";
+import { formatCredits, formatDateTime, formatHours, fromLocalInput, toLocalInput } from "../lib/format";
+import { hoursBetween, quotaEffect } from "../lib/quota";
+
+const HOUR = 3_600_000;
+
+function nextHour(): Date {
+  return new Date(Math.ceil((Date.now() + 60_000) / HOUR) * HOUR);
+}
+
+export function AvailabilityPage() {
+  const me = useMe().data!;
+  const models = useGpuModels();
+  const servers = useServers();
+  const balances = useBalances();
+  const quotas = useQuotas();
+  const navigate = useNavigate();
+  const queryClient = useQueryClient();
+
+  const bookable = me.memberships.filter((m) => m.role !== "viewer");
+  const [days, setDays] = useState("3");
+  // The booking needs a model (the server asks for a model or a memory floor); the timeline may show all.
+  const [model, setModel] = useState<string | null>(null);
+  const [viewModel, setViewModel] = useState<string | null>(null);
+  useEffect(() => {
+    if (!model && models.data?.length) setModel(models.data[0].name);
+  }, [model, models.data]);
+  const [count, setCount] = useState<number>(1);
+  const [project, setProject] = useState<string | null>(bookable[0]?.project_slug ?? null);
+  const [start, setStart] = useState(() => toLocalInput(nextHour()));
+  const [end, setEnd] = useState(() => toLocalInput(new Date(nextHour().getTime() + 2 * HOUR)));
+  const [startNow, setStartNow] = useState(false);
+  const [name, setName] = useState("training run");
+  // The demo fleet's local image; no registry is assumed.
+  const [image, setImage] = useState("gpucp-busybox:test");
+  const [command, setCommand] = useState("");
+
+  // The visible range is fixed per page view so the timeline does not shift under the pointer.
+  const rangeStart = useMemo(() => Math.floor(Date.now() / HOUR) * HOUR, []);
+  const range = { start: rangeStart, end: rangeStart + Number(days) * 24 * HOUR };
+  const timeline = useQuery({
+    queryKey: ["timeline", range.start, range.end, viewModel],
+    queryFn: () =>
+      api.get<TimelineAnswer>("availability/timeline/", {
+        start: new Date(range.start).toISOString(),
+        end: new Date(range.end).toISOString(),
+        gpu_model: viewModel,
+        limit: 1000,
+      }),
+    refetchInterval: 15_000,
+  });
+
+  const startDate = startNow ? new Date() : fromLocalInput(start);
+  const endDate = fromLocalInput(end);
+  const windowOk = !!startDate && !!endDate && endDate > startDate;
+  const hours = windowOk ? hoursBetween(startDate!, endDate!) : 0;
+
+  const free = useQuery({
+    queryKey: ["free", start, end, model, count],
+    enabled: windowOk && count >= 1 && !!model,
+    queryFn: () =>
+      api.get<FreeAnswer>("availability/free/", {
+        start: startDate!.toISOString(),
+        end: endDate!.toISOString(),
+        gpu_model: model,
+        gpu_count: count,
+      }),
+  });
+
+  const earliest = useMutation({
+    mutationFn: () =>
+      api.get<EarliestAnswer>("availability/earliest/", {
+        duration_hours: Math.max(0.01, Math.round(hours * 1000) / 1000 || 1),
+        gpu_count: count,
+        gpu_model: model,
+        within_days: 14,
+      }),
+    onSuccess: (answer) => {
+      if (answer.found && answer.start && answer.end) {
+        setStartNow(false);
+        setStart(toLocalInput(new Date(answer.start)));
+        setEnd(toLocalInput(new Date(answer.end)));
+      }
+    },
+  });
+
+  const modelInfo = models.data?.find((m) => m.name === model);
+  const balance = balances.data?.find((b) => b.project === project);
+  const quota = quotas.data?.find((q) => q.project === project);
+  const weight = modelInfo?.billing_weight ?? "0";
+  const effect = quotaEffect({
+    hours,
+    gpuCount: count,
+    billingWeight: weight,
+    balance: balance?.balance ?? 0,
+    maxConcurrentGpus: quota?.max_concurrent_gpus,
+    maxReservationHours: quota?.max_reservation_hours,
+  });
+
+  const book = useMutation({
+    mutationFn: () =>
+      api.post<ReservationDetail>("reservations/", {
+        project,
+        name,
+        spec: { gpu_model: model, gpu_count: count },
+        // "now" lets the server pick the instant, so a slow click never books a window already begun.
+        window: { start: startNow ? "now" : startDate!.toISOString(), end: endDate!.toISOString() },
+        container: { image, command: command.trim() ? command.trim().split(/\s+/) : [], env: {} },
+      }),
+    onSuccess: async (r) => {
+      await queryClient.invalidateQueries();
+      navigate(`/reservations/${r.id}`);
+    },
+  });
+  const bookError = book.error instanceof ApiError ? book.error : null;
+  const fieldErr = (...names: string[]) => names.map((n) => bookError?.fieldError(n)).find(Boolean);
+
+  function submit(e: FormEvent) {
+    e.preventDefault();
+    book.mutate();
+  }
+
+  const simulatedHosts = new Set((servers.data ?? []).filter((s) => s.simulated).map((s) => s.hostname));
+
+  return (
+    <Stack>
+      <Title order={2}>Book GPUs</Title>
+      <Grid>
+        <Grid.Col span={{ base: 12, lg: 8 }}>
+          <Card withBorder>
+            <Group justify="space-between" mb="xs">
+              <Text fw={600}>Availability</Text>
+              <Group gap="xs">
+                <Select
+                  aria-label="GPU model shown"
+                  placeholder="Any GPU model"
+                  clearable
+                  size="xs"
+                  data={(models.data ?? []).map((m) => ({ value: m.name, label: m.name }))}
+                  value={viewModel}
+                  onChange={setViewModel}
+                />
+                <SegmentedControl
+                  size="xs"
+                  aria-label="Days shown"
+                  value={days}
+                  onChange={setDays}
+                  data={[
+                    { value: "1", label: "1 day" },
+                    { value: "3", label: "3 days" },
+                    { value: "7", label: "7 days" },
+                  ]}
+                />
+              </Group>
+            </Group>
+            <Text size="xs" c="dimmed" mb="xs">
+              Green is free, grey booked by others, blue your projects'. Click a track to start your window there.
+            </Text>
+            <QueryState
+              isLoading={timeline.isLoading}
+              error={timeline.error}
+              isEmpty={timeline.data?.gpus.length === 0}
+              empty="No GPUs match. Try another model, or ask an operator whether servers are enrolled."
+              label="the timeline"
+            >
+              {timeline.data && (
+                <Timeline
+                  range={range}
+                  gpus={timeline.data.gpus}
+                  simulatedHosts={simulatedHosts}
+                  pick={windowOk ? { start: startDate!.getTime(), end: endDate!.getTime() } : null}
+                  onPick={(t) => {
+                    setStartNow(false);
+                    const dur = windowOk ? endDate!.getTime() - startDate!.getTime() : 2 * HOUR;
+                    const s = Math.max(t, nextHour().getTime() - HOUR);
+                    setStart(toLocalInput(new Date(s)));
+                    setEnd(toLocalInput(new Date(s + dur)));
+                  }}
+                />
+              )}
+            </QueryState>
+          </Card>
+        </Grid.Col>
+        <Grid.Col span={{ base: 12, lg: 4 }}>
+          <Card withBorder component="form" onSubmit={submit} aria-label="Booking">
+            <Stack gap="sm">
+              <Text fw={600}>Your booking</Text>
+              {bookable.length === 0 && (
+                <Alert color="yellow">You can book only for projects where you are an owner or member.</Alert>
+              )}
+              <Select
+                label="Project"
+                data={bookable.map((m) => ({ value: m.project_slug, label: m.project_name }))}
+                value={project}
+                onChange={setProject}
+                error={fieldErr("project")}
+                allowDeselect={false}
+              />
+              <Select
+                label="GPU model"
+                allowDeselect={false}
+                data={(models.data ?? []).map((m) => ({ value: m.name, label: `${m.name} (${formatCredits(m.billing_weight)} credits/GPU-h)` }))}
+                value={model}
+                onChange={(m) => {
+                  setModel(m);
+                  setViewModel(m);
+                }}
+                error={fieldErr("spec.gpu_model", "spec")}
+              />
+              <NumberInput
+                label="GPUs"
+                min={1}
+                max={4096}
+                value={count}
+                onChange={(v) => setCount(typeof v === "number" ? v : Number(v) || 0)}
+                error={fieldErr("spec.gpu_count")}
+              />
+              <Checkbox label="Start now" checked={startNow} onChange={(e) => setStartNow(e.currentTarget.checked)} />
+              <TextInput
+                type="datetime-local"
+                label="Start"
+                disabled={startNow}
+                value={start}
+                onChange={(e) => setStart(e.currentTarget.value)}
+                error={fieldErr("window.start", "window")}
+              />
+              <TextInput
+                type="datetime-local"
+                label="End"
+                value={end}
+                onChange={(e) => setEnd(e.currentTarget.value)}
+                error={fieldErr("window.end") ?? (!windowOk && start && end ? "The window must end after it starts." : undefined)}
+              />
+              <Button variant="light" size="xs" onClick={() => earliest.mutate()} loading={earliest.isPending}
+                disabled={count < 1 || !model}>
+                Find the earliest window of this length
+              </Button>
+              {earliest.data && !earliest.data.found && (
+                <Text size="xs" c="orange">No window of {formatHours(hours)} fits in the next 14 days.</Text>
+              )}
+              {earliest.error && <ErrorAlert error={earliest.error} title="Could not search" />}
+
+              <FreeLine loading={free.isFetching} error={free.error} answer={free.data} count={count} />
+
+              <Card withBorder bg="var(--mantine-color-gray-0)" p="xs" data-testid="quota-effect">
+                <Text size="sm" fw={600}>Quota effect</Text>
+                <Text size="sm">
+                  {formatHours(hours)} × {count} GPU × {formatCredits(weight)} credits ={" "}
+                  <b>{formatCredits(effect.creditsNeeded)} credits</b>
+                </Text>
+                <Text size="sm">
+                  Balance {formatCredits(effect.balance)} → {formatCredits(effect.balanceAfter)} after booking
+                </Text>
+                {effect.problems.length > 0 && (
+                  <List size="xs" c="red" mt={4}>
+                    {effect.problems.map((p) => (
+                      <List.Item key={p}>{p}</List.Item>
+                    ))}
+                  </List>
+                )}
+              </Card>
+
+              <TextInput label="Name" value={name} onChange={(e) => setName(e.currentTarget.value)} error={fieldErr("name")} required />
+              <TextInput label="Container image" value={image} onChange={(e) => setImage(e.currentTarget.value)}
+                error={fieldErr("container.image", "container")} required />
+              <TextInput label="Command" description="Split on spaces; empty runs the image's own command" value={command}
+                onChange={(e) => setCommand(e.currentTarget.value)} error={fieldErr("container.command")} />
+
+              {book.error && (
+                <Alert color="red" title="The booking was refused" role="alert" data-testid="book-error">
+                  {book.error.message}
+                </Alert>
+              )}
+              <Button type="submit" loading={book.isPending} disabled={!project || !windowOk || count < 1}>
+                Book {count} GPU{count === 1 ? "" : "s"}
+              </Button>
+            </Stack>
+          </Card>
+        </Grid.Col>
+      </Grid>
+    </Stack>
+  );
+}
+
+function FreeLine(props: { loading: boolean; error: unknown; answer?: FreeAnswer; count: number }) {
+  if (props.error) return <ErrorAlert error={props.error} title="Could not check this window" />;
+  if (!props.answer) return props.loading ? <Text size="xs" c="dimmed">Checking the window…</Text> : null;
+  const a = props.answer;
+  const enough = a.proposal !== null && a.free_gpus >= props.count;
+  return (
+    <Text size="sm" c={enough ? "green" : "red"} data-testid="free-line">
+      {a.free_gpus} GPU{a.free_gpus === 1 ? "" : "s"} free from {formatDateTime(a.start)} to {formatDateTime(a.end)}
+      {enough ? "; your request fits." : "; not enough for your request."}
+    </Text>
+  );
+}
