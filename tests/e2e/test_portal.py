@@ -153,3 +153,13 @@ def test_tenant_books_watches_and_cancels_and_operator_drains(running_system: st
     assert "e2e | PASS" in done.stdout
     for name in ("01-login", "02-dashboard", "03-availability", "05-reservation-running", "07-usage", "10-fleet"):
         assert (artifacts / f"{name}.png").stat().st_size > 10_000, name
+
+
+def test_portal_unit_tests_pass() -> None:
+    """The portal's own logic (Vitest): quota effect, API client, timeline layout, formatting."""
+    npm = shutil.which("npm")
+    if not npm or not shutil.which("node"):
+        service_missing("npm and node (needed to run the portal's unit tests)")
+    if not (FRONTEND / "node_modules" / ".package-lock.json").exists():
+        _run([npm, "ci", "--no-audit", "--no-fund"], cwd=FRONTEND, timeout=600)  # type: ignore[list-item]
+    _run([npm, "test"], cwd=FRONTEND, timeout=600)  # type: ignore[list-item]
