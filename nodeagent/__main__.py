@@ -85,7 +85,34 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("NODEAGENT_RUNTIME") or "none",
         help="container runtime (NODEAGENT_RUNTIME)",
     )
+    run.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=env("NODEAGENT_LISTEN") or "127.0.0.1:0",
+        help="where to listen for the control plane's signed commands; port 0 picks a free one and the real "
+        "address is reported (NODEAGENT_LISTEN, default 127.0.0.1:0)",
+    )
+    run.add_argument(
+        "--no-listen",
+        action="store_true",
+        help="no command listener: launches then wait for the next heartbeat instead of being pushed",
+    )
     return parser
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as a bind address; ValueError naming the problem otherwise."""
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"--listen must be HOST:PORT, got {value!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"--listen port must be a number, got {port!r}") from None
+    if not 0 <= number <= 65535:
+        raise ValueError(f"--listen port must be between 0 and 65535, got {number}")
+    return host, number
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -126,6 +153,7 @@ def make_runtime(
 def cmd_run(args: argparse.Namespace) -> int:
     from nodeagent.agent import Agent, AgentState, AgentStopped
     from nodeagent.client import ControlPlaneClient
+    from nodeagent.commands import CommandChannel
 
     if not args.server:
         print("nodeagent: --server (or NODEAGENT_SERVER) is required", file=sys.stderr)
@@ -133,6 +161,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     for flag, value in (("--interval", args.interval), ("--sample-interval", args.sample_interval)):
         if value <= 0:
             print(f"nodeagent: {flag} must be a positive number of seconds, got {value}", file=sys.stderr)
+            return 2
+    bind: tuple[str, int] | None = None
+    if not args.no_listen:
+        try:
+            bind = parse_listen(args.listen)
+        except ValueError as exc:
+            print(f"nodeagent: {exc}", file=sys.stderr)
             return 2
     hostname = args.hostname or socket.gethostname()
     host = HostCollector(hostname=hostname)
@@ -151,6 +186,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
     gpu_numa.update({g.uuid: g.numa_node for g in backend.discover()})
+    # The listener only verifies against what the agent knows (its credential and server name), so it reads
+    # them from the agent once that exists; until enrollment it answers 503.
+    holder: dict[str, Agent] = {}
+    channel: CommandChannel | None = None
+    if bind is not None:
+        channel = CommandChannel(
+            credential=lambda: holder["agent"].credential if holder else None,
+            server_name=lambda: holder["agent"].server_name if holder else None,
+            bind=bind,
+            # A wildcard bind is reachable by name, not at 0.0.0.0.
+            advertise_host=hostname if bind[0] in ("", "0.0.0.0", "::") else None,  # noqa: S104
+        )
+        try:
+            channel.start()
+        except OSError as exc:
+            backend.close()
+            print(f"nodeagent: cannot listen for commands on {args.listen}: {exc}", file=sys.stderr)
+            return 2
     try:
         agent = Agent(
             client=client,
@@ -161,12 +214,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             join_token=args.join_token,
             interval=args.interval,
             sample_interval=args.sample_interval,
+            commands=channel,
         )
+        holder["agent"] = agent
         agent.run()
     except AgentStopped as exc:
         backend.close()
         print(f"nodeagent: {exc}", file=sys.stderr)
         return exc.exit_code
+    finally:
+        if channel is not None:
+            channel.close()
     return 0
 
 

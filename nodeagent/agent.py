@@ -159,6 +159,13 @@ class Agent:
         self.commands = commands
         self._desired: tuple[list[schema.DesiredContainer], list[str]] = ([], [])
         self._next_due: float | None = None
+        # A runtime that creates and starts containers in the background pokes the loop when one finished,
+        # so a container created ahead of its window is started at once, not at the next heartbeat.
+        self._poked = threading.Event()
+        self._wakeup = threading.Event()
+        set_waker = getattr(runtime, "set_waker", None)
+        if set_waker is not None:
+            set_waker(self._runtime_finished)
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -170,6 +177,9 @@ class Agent:
                 self.commands.remember(command, seq=self.seq)
                 log.info("applying pushed command %s (%s)", command.command_id, command.reason)
                 self._converge(*self._desired, now, reply_seq=None)
+        if self._poked.is_set():
+            self._poked.clear()
+            self._converge(*self._desired, now, reply_seq=None)
         if mono >= self._next_sample:
             self._sample(now)
             self._next_sample += self.sample_interval
@@ -203,17 +213,29 @@ class Agent:
                 if self.commands is not None:
                     self.commands.wait(timeout)  # a pushed command wakes the loop at once
                 else:
-                    self._stop.wait(timeout)
+                    self._wakeup.wait(timeout)
+                    self._wakeup.clear()
         finally:
             self.backend.close()
+            close = getattr(self.runtime, "close", None)
+            if close is not None:
+                close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         log.info("node agent stopped")
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._wakeup.set()
         if self.commands is not None:
             self.commands.wake()
+
+    def _runtime_finished(self) -> None:
+        self._poked.set()
+        self._wake()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
@@ -339,8 +361,9 @@ class Agent:
         self._next_heartbeat = mono + self.interval
         self._converge(reply.desired, reply.stop, now, reply_seq=self.seq)
 
-    def _converge(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime, *,
-                  reply_seq: int | None) -> None:
+    def _converge(
+        self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime, *, reply_seq: int | None
+    ) -> None:
         """Apply a reply's (or the last) desired state merged with pushed commands, and time the next act."""
         self._desired = (desired, stop)
         if self.commands is not None:

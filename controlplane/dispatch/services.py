@@ -260,14 +260,11 @@ _REPORTED = {
     "failed": LaunchState.FAILED,
     "missing": LaunchState.FAILED,
 }
-# The runtime reports a launch waiting for a GPU that the previous container still holds (in its stop grace)
-# as failed with this wording; it retries on its own, so it is not a final failure.
-_BLOCKED_MARK = "is already bound to launch"
 
 
 def _reported_state(report: schema.ContainerReport) -> LaunchState:
-    if report.state == "failed" and report.container_id is None and _BLOCKED_MARK in (report.error or ""):
-        return LaunchState.PENDING
+    # A launch waiting for a GPU the previous container still holds (its stop grace) comes as "pending" with
+    # the reason in ``error``: transient, the runtime starts it once the GPU is free.
     return _REPORTED[report.state]
 
 
@@ -288,6 +285,8 @@ def _apply_report(launch: Launch, report: schema.ContainerReport, now: datetime)
         fields["error"] = report.error
     if report.state == "missing" and not report.error:
         fields["error"] = "the container disappeared from the engine"
+    if target == LaunchState.RUNNING and current == LaunchState.PENDING and launch.error and not report.error:
+        fields["error"] = ""  # the wait for a GPU is over; the reason no longer applies
     if current in FINAL_LAUNCH_STATES:
         # Final is final; a late report may still bring the exit code or the log tail it lacked.
         fields = {k: v for k, v in fields.items() if getattr(launch, k) in (None, "")}

@@ -5,7 +5,13 @@ Docker itself is the record of what runs: every container of ours carries labels
 restarted agent adopts what it finds instead of launching twice. A small directory per launch under the state
 directory keeps the few facts Docker cannot (warning sent, stop deadline, final report). ``reconcile`` never
 waits on a container: a stop sends SIGTERM and records a deadline, and a later reconcile past the deadline
-sends SIGKILL, so a 1-5 s heartbeat loop is never held up by a slow job. See docs/runtime.md.
+sends SIGKILL, so a 1-5 s heartbeat loop is never held up by a slow job.
+
+Launch latency: creating a container (its file system, its config) is the slow part of `docker run`, so a
+launch that arrives ahead of its window (the control plane sends it ``DISPATCH_LEAD_S`` early) is created
+then, in a small pool of worker threads, and only started at ``window_start``. Creations never hold up the
+loop; starts (fast) run in parallel and are waited for only until the next window of another launch opens.
+See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -48,6 +56,10 @@ LOG_TAIL_LINES = 50
 LOG_TAIL_CHARS = 16000
 ERROR_CHARS = 2000
 CONFLICT_WAIT_S = 10.0
+# How long before its window a launch's container is created (not started).
+PREPARE_AHEAD_S = 30.0
+# The longest a reconcile waits for its starts when no other window is about to open.
+MAX_START_WAIT_S = 30.0
 
 # Docker states in which the container's process may still hold its GPUs.
 LIVE_STATES = frozenset({"created", "running", "paused", "restarting"})
@@ -101,6 +113,17 @@ def detect_nvidia_runtime(client: docker.DockerClient) -> bool:
 
 
 @dataclass
+class _Outcome:
+    """What a worker thread's create or start came to; applied to the launch by the reconciling thread."""
+
+    container: Container | None = None
+    failure: str | None = None
+    # The container is gone (removed by the worker after a refused start, or by someone else).
+    gone: bool = False
+    started: bool = False
+
+
+@dataclass
 class _Launch:
     """What the runtime knows about one launch, rebuilt from Docker and the launch directory on adoption."""
 
@@ -122,6 +145,8 @@ class _Launch:
     final: schema.ContainerReport | None = None
     removed: bool = False
     missing: bool = False
+    # Created ahead of its window and not yet asked to start: reported pending, not creating.
+    prepared: bool = False
 
     @property
     def status(self) -> str | None:
@@ -153,6 +178,8 @@ class DockerRuntime:
         default_pids_limit: int | None = 4096,
         remove_after_reports: int = 2,
         clock: Callable[[], datetime] = _utcnow,
+        prepare_ahead_s: float = PREPARE_AHEAD_S,
+        workers: int = 4,
     ) -> None:
         self.client = client if client is not None else docker.from_env(timeout=30)
         self.node = node or socket.gethostname()
@@ -167,9 +194,24 @@ class DockerRuntime:
         self.default_pids_limit = default_pids_limit
         self.remove_after_reports = max(1, remove_after_reports)
         self.clock = clock
+        self.prepare_ahead = timedelta(seconds=max(0.0, prepare_ahead_s))
         self._launches: dict[str, _Launch] = {}
         self._version: str | None = None
+        # Creates and starts in flight, by launch id. Only the reconciling thread reads or changes this dict
+        # and the launches; the workers only talk to the engine and return an _Outcome.
+        self._ops: dict[str, Future[_Outcome]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="docker-launch")
+        self._waker: Callable[[], None] | None = None
         self._adopt()
+
+    def set_waker(self, waker: Callable[[], None] | None) -> None:
+        """``waker`` is called (from a worker thread) when a create or start finished in the background, so
+        the agent reconciles again at once instead of at its next heartbeat."""
+        self._waker = waker
+
+    def close(self) -> None:
+        """Stop taking work; creates in flight finish on their own (a new runtime adopts what they made)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the ContainerRuntime protocol ---------------------------------------------------------------------
 
@@ -177,6 +219,7 @@ class DockerRuntime:
         """Converge Docker to ``desired`` at ``now``: launch, warn, stop, escalate, clean up. Never blocks on a job."""
         stop_ids = set(stop)
         wanted = {d.launch_id: d for d in desired if d.launch_id not in stop_ids}
+        self._collect_ops()
         self._refresh()
 
         for launch_id, spec in wanted.items():
@@ -190,6 +233,8 @@ class DockerRuntime:
                 launch.desired = None
 
         for launch in list(self._launches.values()):
+            if launch.launch_id in self._ops:
+                continue  # a create or start in flight; the reconcile after it looks again
             status = launch.status
             if status in LIVE_STATES:
                 if launch.desired is None or now >= launch.desired.window_end:
@@ -199,19 +244,52 @@ class DockerRuntime:
             if launch.stop_deadline is not None and now >= launch.stop_deadline and status in SIGNALLABLE_STATES:
                 self._kill(launch)
 
-        # Launch in the order the control plane listed, so two launches naming one GPU resolve the same way
-        # on every heartbeat: the first keeps it.
-        for spec in wanted.values():
+        # Earliest window first, then in the order the control plane listed (the sort is stable), so two
+        # launches naming one GPU resolve the same way on every heartbeat: the first keeps it.
+        starts: list[Future[_Outcome]] = []
+        for spec in sorted(wanted.values(), key=lambda item: item.window_start):
             launch = self._launches[spec.launch_id]
-            if launch.final is not None or launch.final_failure is not None:
+            if launch.final is not None or launch.final_failure is not None or launch.launch_id in self._ops:
                 continue
             if launch.container is None:
-                self._launch(launch, spec, now)
-            elif launch.status == "created" and launch.stop_deadline is None and now < spec.window_end:
-                # Created by a runtime that died before starting it (or racing us): starting is idempotent.
-                self._start(launch)
+                op = self._launch(launch, spec, now)
+                if op is not None and now >= spec.window_start:
+                    starts.append(op)
+            elif (
+                launch.status == "created"
+                and launch.stop_deadline is None
+                and spec.window_start <= now < spec.window_end
+            ):
+                # Created ahead of the window, or by a runtime that died before starting it (or racing us):
+                # starting is idempotent.
+                launch.prepared = False
+                starts.append(self._submit(launch, self._op_start, launch.container))
 
+        if starts:
+            # Starts run in parallel and are waited for, so the report that follows says "running"; but never
+            # past the next window of another launch, which must not wait behind them.
+            wait_futures(starts, timeout=self._start_budget(wanted.values(), now))
+            self._collect_ops()
         self._collect_garbage()
+
+    def _start_budget(self, specs: Iterable[schema.DesiredContainer], now: datetime) -> float:
+        upcoming = [
+            (spec.window_start - now).total_seconds()
+            for spec in specs
+            if spec.window_start > now and spec.launch_id not in self._ops
+        ]
+        return max(0.0, min([MAX_START_WAIT_S, *upcoming]))
+
+    def busy(self) -> bool:
+        """Whether a create or start is in flight."""
+        return bool(self._ops)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is in flight (tests, and a clean shutdown); True when idle."""
+        pending = list(self._ops.values())
+        if pending:
+            wait_futures(pending, timeout=timeout)
+        return all(op.done() for op in pending)
 
     def report(self) -> list[schema.ContainerReport]:
         """One report per launch this runtime knows, as Docker sees it now."""
@@ -330,7 +408,7 @@ class DockerRuntime:
             launch = self._track_container(container)
             seen.add(launch.launch_id)
         for launch in self._launches.values():
-            if launch.container is not None and launch.launch_id not in seen:
+            if launch.container is not None and launch.launch_id not in seen and launch.launch_id not in self._ops:
                 # Gone without us removing it (an operator's `docker rm`): report it missing, never relaunch.
                 launch.container = None
                 if not launch.removed and launch.final is None:
@@ -347,43 +425,94 @@ class DockerRuntime:
             stop_grace_s=spec.stop_grace_s,
         )
 
-    def _launch(self, launch: _Launch, spec: schema.DesiredContainer, now: datetime) -> None:
-        if now < spec.window_start:
-            return  # reported as pending: a container runs only inside its window
+    def _launch(self, launch: _Launch, spec: schema.DesiredContainer, now: datetime) -> Future[_Outcome] | None:
+        """Create the container in a worker (and start it too when the window is open); None when not yet."""
+        if now < spec.window_start - self.prepare_ahead:
+            return None  # reported as pending: created nearer its window, run only inside it
         if now >= spec.window_end:
             self._fail(launch, "the window ended before the container could start")
-            return
+            return None
         holder = self._gpu_holder(spec)
         if holder is not None:
             gpu, other = holder
             launch.blocked = f"GPU {gpu} is already bound to launch {other}"
-            return
+            return None
         launch.blocked = None
         mount_dir = self._dir(spec.launch_id) / "mount"
         mount_dir.mkdir(parents=True, exist_ok=True)
         # The job may run as any user; it must be able to read the warning file.
         os.chmod(mount_dir, 0o755)  # noqa: S103 - world-readable on purpose, nothing secret lives here
+        start = now >= spec.window_start
+        launch.prepared = not start
+        return self._submit(launch, self._op_create, spec, mount_dir, start)
+
+    def _submit(self, launch: _Launch, fn: Callable[..., _Outcome], *args: Any) -> Future[_Outcome]:
+        op = self._pool.submit(fn, *args)
+        self._ops[launch.launch_id] = op
+        if self._waker is not None:
+            waker = self._waker
+            op.add_done_callback(lambda _: waker())
+        return op
+
+    def _collect_ops(self) -> None:
+        """Apply what finished creates and starts came to (in this, the reconciling, thread)."""
+        for launch_id, op in list(self._ops.items()):
+            if not op.done():
+                continue
+            del self._ops[launch_id]
+            launch = self._launches.get(launch_id)
+            if launch is None or op.cancelled():
+                continue
+            try:
+                outcome = op.result()
+            except (DockerException, RequestException) as exc:
+                # The engine did not answer: nothing is known to have happened; the next reconcile tries again.
+                log.warning("launch %s: the engine did not answer (%s); trying again", launch_id, exc)
+                continue
+            if outcome.failure is not None:
+                self._fail(launch, outcome.failure)
+            if outcome.gone:
+                launch.container = None
+                launch.removed = launch.removed or outcome.failure is not None
+            elif outcome.container is not None:
+                self._track_container(outcome.container)
+            if outcome.started:
+                launch.prepared = False
+                log.info("launched %s on %s", launch_id, ",".join(launch.gpu_uuids))
+
+    def _op_create(self, spec: schema.DesiredContainer, mount_dir: Path, start: bool) -> _Outcome:
         try:
             container = self.client.containers.create(**self._create_args(spec, mount_dir))
         except ImageNotFound:
-            self._fail(launch, f"image not found: {spec.image}")
-            return
+            return _Outcome(failure=f"image not found: {spec.image}")
         except APIError as exc:
             if exc.status_code != 409:
-                self._fail(launch, f"the engine refused to create the container: {exc.explanation or exc}")
-                return
+                return _Outcome(failure=f"the engine refused to create the container: {exc.explanation or exc}")
             # Another runtime (a restarted agent, a racing heartbeat) created it first: adopt, never duplicate.
             container = self._get_conflicting(container_name(spec.launch_id))
             if container is None:
-                return  # removed in between; the next reconcile looks again
+                return _Outcome()  # removed in between; the next reconcile looks again
             if (container.labels or {}).get(LABEL_LAUNCH) != spec.launch_id:
-                self._fail(launch, f"a container named {container.name} exists and is not this launch's")
-                return
-            self._track_container(container)
-            return
-        launch.container = container
-        self._start(launch)
-        log.info("launched %s on %s as %s", spec.launch_id, ",".join(spec.gpu_uuids), container.short_id)
+                return _Outcome(failure=f"a container named {container.name} exists and is not this launch's")
+            return _Outcome(container=container)
+        return self._op_start(container) if start else _Outcome(container=container)
+
+    def _op_start(self, container: Container) -> _Outcome:
+        try:
+            container.start()
+        except NotFound:
+            return _Outcome(gone=True)
+        except APIError as exc:
+            # 304: already started by a racing runtime, which is the state we want.
+            if exc.status_code != 304:
+                # A container that never started holds nothing worth keeping, and left in "created" it
+                # would look like a live holder of its GPUs.
+                with contextlib.suppress(NotFound, APIError):
+                    container.remove(force=True)
+                return _Outcome(gone=True, failure=f"the container did not start: {exc.explanation or exc}")
+        with contextlib.suppress(NotFound):
+            container.reload()
+        return _Outcome(container=container, started=True)
 
     def _get_conflicting(self, name: str) -> Container | None:
         # The engine reserves a name before the container can be inspected (creating its file system takes
@@ -397,25 +526,6 @@ class DockerRuntime:
                 if time.monotonic() >= deadline:
                     return None
                 time.sleep(0.1)
-
-    def _start(self, launch: _Launch) -> None:
-        container = launch.container
-        assert container is not None
-        try:
-            container.start()
-        except NotFound:
-            launch.container = None
-            return
-        except APIError as exc:
-            # 304: already started by a racing runtime, which is the state we want.
-            if exc.status_code != 304:
-                self._fail(launch, f"the container did not start: {exc.explanation or exc}")
-                # A container that never started holds nothing worth keeping, and left in "created" it
-                # would look like a live holder of its GPUs.
-                self._remove(launch)
-                return
-        with contextlib.suppress(NotFound):
-            container.reload()
 
     def _create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
         gpus = ",".join(spec.gpu_uuids)
@@ -487,7 +597,9 @@ class DockerRuntime:
     def _gpu_holder(self, spec: schema.DesiredContainer) -> tuple[str, str] | None:
         wanted = set(spec.gpu_uuids)
         for other in self._launches.values():
-            if other.launch_id == spec.launch_id or other.status not in LIVE_STATES:
+            if other.launch_id == spec.launch_id:
+                continue
+            if other.status not in LIVE_STATES and other.launch_id not in self._ops:
                 continue
             for gpu in spec.gpu_uuids:
                 if gpu in wanted and gpu in other.gpu_uuids:
@@ -578,7 +690,8 @@ class DockerRuntime:
         container = launch.container
         if container is None:
             if launch.blocked is not None:
-                return report("failed", error=launch.blocked)
+                # Transient: it starts as soon as the previous container lets go of the GPU.
+                return report("pending", error=launch.blocked)
             if launch.missing:
                 return report("missing", error=launch.final_failure)
             if launch.final_failure is not None:
@@ -597,7 +710,7 @@ class DockerRuntime:
         elif finished:
             state = "exited"
         elif status == "created":
-            state = "creating"
+            state = "pending" if launch.prepared else "creating"
         elif launch.stop_deadline is not None:
             state = "stopping"
         else:
@@ -631,6 +744,8 @@ class DockerRuntime:
     def _collect_garbage(self) -> None:
         """Remove finished containers once reported, and forget launches the desired state no longer holds."""
         for launch in list(self._launches.values()):
+            if launch.launch_id in self._ops:
+                continue
             never_ran = launch.container is None and launch.final is None and launch.final_failure is None
             if launch.desired is None and never_ran:
                 # Dropped from the desired state before it ever ran (cancelled while pending or blocked).

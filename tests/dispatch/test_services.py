@@ -159,11 +159,16 @@ def test_a_gpu_still_held_by_the_previous_container_is_not_a_failure():
     services.containers_reported(
         server=srv,
         now=timezone.now(),
-        reports=[report(launch, "failed", error=f"GPU {launch.gpu_uuids[0]} is already bound to launch x")],
+        reports=[report(launch, "pending", error=f"GPU {launch.gpu_uuids[0]} is already bound to launch x")],
     )
     r.refresh_from_db()
     launch.refresh_from_db()
     assert (r.state, launch.state) == (ReservationState.STARTING, LaunchState.PENDING)
+    assert "already bound" in launch.error  # the operator sees why it waits
+    started = timezone.now()
+    services.containers_reported(server=srv, now=started, reports=[report(launch, "running", started_at=started)])
+    launch.refresh_from_db()
+    assert (launch.state, launch.error) == (LaunchState.RUNNING, "")
 
 
 def test_exit_zero_before_the_end_completes_and_charges_what_ran():

@@ -174,7 +174,7 @@ def test_gpu_bound_to_another_launch_is_refused_until_it_is_free(make_runtime, m
 
     assert [c.labels[LABEL_LAUNCH] for c in ours(docker_client, node)] == ["holder"]
     refused = report_for(runtime, "latecomer")
-    assert refused.state == "failed"
+    assert refused.state == "pending"  # transient: it waits for the GPU, it has not failed
     assert refused.error == "GPU GPU-shared is already bound to launch holder"
     assert refused.container_id is None
     assert runtime.busy_gpus() == {"GPU-shared", "GPU-a"}
@@ -197,6 +197,7 @@ def test_two_new_launches_on_one_gpu_start_only_the_first_listed(make_runtime, m
     runtime.reconcile([first, second], [], T0)
 
     assert [c.labels[LABEL_LAUNCH] for c in ours(docker_client, node)] == ["first"]
+    assert report_for(runtime, "second").state == "pending"
     assert report_for(runtime, "second").error == "GPU GPU-x is already bound to launch first"
 
 
