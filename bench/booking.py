@@ -1,0 +1,394 @@
+"""Bookings through the real HTTP API beside raw INSERTs into an exclusion-constrained table, and the
+earliest-window search on a large fleet.
+
+    .venv/bin/python bench/booking.py [--seconds 15] [--clients 8] [--workers 4] [--searches 60]
+
+DATABASE_URL (default postgres://postgres@127.0.0.1:5432/bench_booking) must be PostgreSQL; the database is
+dropped and created afresh on every run, as ledger entries cannot be deleted.
+
+Phase 1 starts gunicorn on a free 127.0.0.1 port and has ``--clients`` threads POST /api/v1/reservations for
+random windows over the next 30 days (1, 2, 4 or 8 GPUs) on their own 64 x 8 GPU pool. Phase 2 has the same
+number of threads INSERT rows straight into a table with the same exclusion constraint (the ceiling for a
+booking at all). Phase 3 times the earliest-window search on 1,000 servers x 8 GPUs holding 50,000 future
+allocations. Goals: API >= 10% of the raw rate with p99 < 50 ms; search p95 < 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
+API_MODEL, SEARCH_MODEL = "A100-80GB", "H100-80GB"
+
+
+def fresh_database(url: str) -> None:
+    import psycopg
+
+    parsed = urlparse(url)
+    name = parsed.path.lstrip("/")
+    admin = parsed._replace(path="/postgres", scheme="postgresql").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gunicorn exited with {proc.returncode}")
+        try:
+            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            return
+        except requests.RequestException:
+            time.sleep(0.2)
+    raise SystemExit("gunicorn did not come up")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def build_fleet(model_name: str, servers: int, gpus: int, prefix: str) -> list[int]:
+    from controlplane.inventory.choices import ServerState
+    from controlplane.inventory.models import Gpu, GpuModel, Server
+
+    model, _ = GpuModel.objects.get_or_create(
+        name=model_name, defaults={"product_name": f"NVIDIA {model_name}", "memory_mib": 81920, "billing_weight": 1}
+    )
+    rows = Server.objects.bulk_create(
+        Server(hostname=f"{prefix}-{i:04d}", state=ServerState.READY) for i in range(servers)
+    )
+    gpu_rows = []
+    for srv in rows:
+        uuids = [f"GPU-{srv.hostname}-{g}" for g in range(gpus)]
+        for g in range(gpus):
+            half = range(0, gpus // 2) if g < gpus // 2 else range(gpus // 2, gpus)
+            gpu_rows.append(
+                Gpu(
+                    server=srv,
+                    uuid=uuids[g],
+                    index=g,
+                    model=model,
+                    product_name=model.product_name,
+                    memory_mib=81920,
+                    numa_node=0 if g < gpus // 2 else 1,
+                    nvlink_peers=[uuids[p] for p in half if p != g],
+                )
+            )
+    Gpu.objects.bulk_create(gpu_rows, batch_size=2000)
+    return list(Gpu.objects.filter(model=model).values_list("pk", flat=True))
+
+
+def fill_allocations(project_id: int, gpu_ids: list[int], total: int, days: int, seed: int) -> int:
+    """``total`` future allocations spread over the GPUs, never overlapping on one GPU (1 to 12 hours each)."""
+    from controlplane.inventory.models import GpuModel
+    from controlplane.reservations.choices import ReservationState
+    from controlplane.reservations.models import Allocation, Reservation
+
+    rng = random.Random(seed)
+    model = GpuModel.objects.get(name=SEARCH_MODEL)
+    now = datetime.now(UTC)
+    per_gpu, extra = divmod(total, len(gpu_ids))
+    spans: list[tuple[int, datetime, datetime]] = []
+    for n, gpu_id in enumerate(gpu_ids):
+        cursor = now + timedelta(minutes=rng.randint(0, 600))
+        for _ in range(per_gpu + (1 if n < extra else 0)):
+            start = cursor + timedelta(minutes=rng.randint(0, 18 * 60))
+            end = start + timedelta(minutes=rng.randint(60, 12 * 60))
+            spans.append((gpu_id, start, end))
+            cursor = end
+    reservations = Reservation.objects.bulk_create(
+        (
+            Reservation(
+                project_id=project_id,
+                name="filler",
+                gpu_model=model,
+                gpu_count=1,
+                starts_at=a,
+                ends_at=b,
+                image="filler",
+                state=ReservationState.SCHEDULED,
+            )
+            for _, a, b in spans
+        ),
+        batch_size=5000,
+    )
+    Allocation.objects.bulk_create(
+        (
+            Allocation(reservation=r, gpu_id=g, starts_at=a, ends_at=b)
+            for r, (g, a, b) in zip(reservations, spans, strict=True)
+        ),
+        batch_size=5000,
+    )
+    return len(spans)
+
+
+def phase_api(args: argparse.Namespace, env: dict[str, str], token: str, slugs: list[str]) -> dict[str, float]:
+    import requests
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(ROOT / ".venv/bin/gunicorn"),
+            "controlplane.wsgi:application",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            str(args.workers),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    latencies: list[float] = []
+    counts = {"created": 0, "conflict": 0, "errors": 0}
+    lock = threading.Lock()
+    try:
+        wait_for(port, proc)
+        url = f"http://127.0.0.1:{port}/api/v1/reservations/"
+        deadline = time.monotonic() + args.seconds
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            session = requests.Session()
+            session.headers["Authorization"] = f"Bearer {token}"
+            while time.monotonic() < deadline:
+                start = datetime.now(UTC) + timedelta(minutes=rng.randint(5, 30 * 24 * 60))
+                body = {
+                    "project": slugs[seed % len(slugs)],
+                    "name": "bench",
+                    "spec": {"gpu_model": API_MODEL, "gpu_count": rng.choice([1, 2, 4, 8])},
+                    "window": {
+                        "start": start.isoformat(),
+                        "end": (start + timedelta(minutes=rng.randint(60, 240))).isoformat(),
+                    },
+                    "container": {"image": "bench:1", "command": ["sleep", "1"]},
+                }
+                t0 = time.perf_counter()
+                r = session.post(url, json=body, timeout=30)
+                elapsed = time.perf_counter() - t0
+                with lock:
+                    latencies.append(elapsed)
+                    if r.status_code == 201:
+                        counts["created"] += 1
+                    elif r.status_code == 409:
+                        counts["conflict"] += 1
+                    else:
+                        counts["errors"] += 1
+                        if counts["errors"] <= 3:
+                            print("error", r.status_code, r.text[:300], file=sys.stderr)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {
+        **counts,
+        "seconds": elapsed,
+        "rate": counts["created"] / elapsed,
+        "p50": 1000 * pct(latencies, 0.50),
+        "p99": 1000 * pct(latencies, 0.99),
+    }
+
+
+def phase_raw(url: str, args: argparse.Namespace) -> dict[str, float]:
+    import psycopg
+
+    conninfo = url.replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_raw_allocation")
+        conn.execute(
+            "CREATE TABLE bench_raw_allocation (id bigserial PRIMARY KEY, gpu_id int NOT NULL, "
+            "period tstzrange NOT NULL, EXCLUDE USING gist (gpu_id WITH =, period WITH &&))"
+        )
+    latencies: list[float] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + args.seconds
+
+    def writer(n: int) -> None:
+        mine: list[float] = []
+        base = datetime.now(UTC)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            i = 0
+            while time.monotonic() < deadline:
+                i += 1
+                gpu = n * 512 + i % 512  # a pool of GPUs per writer, windows one after the other on each
+                start = base + timedelta(hours=i // 512)
+                t0 = time.perf_counter()
+                conn.execute(
+                    "INSERT INTO bench_raw_allocation (gpu_id, period) VALUES (%s, tstzrange(%s, %s, '[)'))",
+                    (gpu, start, start + timedelta(hours=1)),
+                )
+                mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(args.clients)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("DROP TABLE bench_raw_allocation")
+    return {
+        "created": len(latencies),
+        "seconds": elapsed,
+        "rate": len(latencies) / elapsed,
+        "p50": 1000 * pct(latencies, 0.50),
+        "p99": 1000 * pct(latencies, 0.99),
+    }
+
+
+def phase_search(args: argparse.Namespace) -> dict[str, float]:
+    from django.utils import timezone
+
+    from controlplane.inventory.models import GpuModel
+    from controlplane.reservations.selectors import earliest_window
+    from controlplane.reservations.specs import GpuSpec
+
+    model = GpuModel.objects.get(name=SEARCH_MODEL)
+    rng = random.Random(7)
+    times: list[float] = []
+    found = 0
+    for i in range(args.searches):
+        count = [1, 2, 4, 8][i % 4]
+        spec = GpuSpec(gpu_model_id=model.pk, gpu_count=count)
+        t0 = time.perf_counter()
+        result = earliest_window(
+            spec, duration=timedelta(hours=rng.choice([1, 4, 12, 24])), within=timedelta(days=7), now=timezone.now()
+        )
+        times.append(time.perf_counter() - t0)
+        found += result is not None
+    return {
+        "n": len(times),
+        "found": found,
+        "p50": 1000 * pct(times, 0.5),
+        "p95": 1000 * pct(times, 0.95),
+        "max": 1000 * max(times),
+        "mean": 1000 * statistics.fmean(times),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of the API and raw phases")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients / raw writers")
+    parser.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2), help="gunicorn workers")
+    parser.add_argument("--searches", type=int, default=60)
+    parser.add_argument("--search-servers", type=int, default=1000)
+    parser.add_argument("--search-allocations", type=int, default=50_000)
+    args = parser.parse_args()
+
+    url = os.environ.get("DATABASE_URL") or DEFAULT_URL
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit("bench/booking.py measures PostgreSQL: set DATABASE_URL to a postgres:// URL")
+    fresh_database(url)
+    var_dir = tempfile.mkdtemp(prefix="bench-booking-")
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "CONTROLPLANE_VAR_DIR": var_dir,
+        "LOG_LEVEL": "WARNING",
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "PYTHONPATH": str(ROOT),
+        "API_THROTTLE_USER": "10000000/min",
+    }
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT))
+
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+
+    from controlplane.accounts.choices import Role
+    from controlplane.accounts.models import ApiToken, Membership, Project
+    from controlplane.core import tokens
+    from controlplane.ledger.services import ledger_grant
+
+    t0 = time.monotonic()
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user(username="bench", password="bench-only")
+    # One project per client, as tenants book: bookings of one project are serialised by its row lock.
+    projects = [Project.objects.create(name=f"Bench {i}", slug=f"bench-{i}") for i in range(args.clients)]
+    for project in projects:
+        Membership.objects.create(project=project, user=user, role=Role.OWNER)
+        ledger_grant(project=project, amount=10**9, actor=None, reason="bench credits")
+    issued = tokens.issue(tokens.USER_TOKEN)
+    ApiToken.objects.create(user=user, name="bench", lookup=issued.lookup, digest=issued.digest)
+    build_fleet(API_MODEL, 64, 8, "api")
+    search_gpus = build_fleet(SEARCH_MODEL, args.search_servers, 8, "fleet")
+    filled = fill_allocations(projects[0].pk, search_gpus, args.search_allocations, 7, seed=1)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    connection.close()
+    print(
+        f"setup {time.monotonic() - t0:.1f} s: API pool 64 x 8 {API_MODEL}; search fleet "
+        f"{args.search_servers} x 8 {SEARCH_MODEL} with {filled:,} future allocations; {args.clients} clients "
+        f"(one project each), "
+        f"{args.workers} gunicorn workers, {args.seconds:g} s per phase",
+        flush=True,
+    )
+
+    api = phase_api(args, env, issued.plaintext, [p.slug for p in projects])
+    raw = phase_raw(url, args)
+    search = phase_search(args)
+
+    print()
+    print(f"{'path':<46} {'ok':>8} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    print(
+        f"{'API: POST /api/v1/reservations (gunicorn)':<46} {api['created']:>8,.0f} {api['rate']:>9,.1f} "
+        f"{api['p50']:>8.1f} {api['p99']:>8.1f}"
+    )
+    print(
+        f"{'raw INSERT, exclusion-constrained (baseline)':<46} {raw['created']:>8,.0f} {raw['rate']:>9,.1f} "
+        f"{raw['p50']:>8.2f} {raw['p99']:>8.2f}"
+    )
+    ratio = api["rate"] / raw["rate"] if raw["rate"] else 0.0
+    print()
+    print(f"API 409s (no capacity): {api['conflict']:,.0f}; other errors: {api['errors']:,.0f}")
+    print(f"API / raw = {ratio:.1%} (goal >= 10%); API p99 {api['p99']:.1f} ms (goal < 50 ms)")
+    print(
+        f"earliest-window search, {search['n']} queries ({search['found']} found): p50 {search['p50']:.1f} ms, "
+        f"p95 {search['p95']:.1f} ms (goal < 100 ms), max {search['max']:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.accounts.models import Project
+from controlplane.accounts.selectors import is_operator, projects_visible_to
+from controlplane.ledger import services
+from controlplane.ledger.api.serializers import (
+    AdjustSerializer,
+    BalanceSerializer,
+    GrantSerializer,
+    LedgerEntrySerializer,
+    QuotaPolicySerializer,
+    RefundSerializer,
+)
+from controlplane.ledger.filters import LedgerEntryFilter
+from controlplane.ledger.models import LedgerEntry, QuotaPolicy
+from controlplane.ledger.selectors import balances_by_kind
+
+
+class IsOperator(BasePermission):
+    message = "Only operators may do this."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return is_operator(request.user)
+
+
+class LedgerEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The append-only ledger of the projects you belong to."""
+
+    serializer_class = LedgerEntrySerializer
+    filterset_class = LedgerEntryFilter
+    queryset = LedgerEntry.objects.none()
+
+    def get_queryset(self) -> QuerySet[LedgerEntry]:
+        return LedgerEntry.objects.filter(project__in=projects_visible_to(self.request.user)).select_related(
+            "project", "reservation"
+        )
+
+
+def _balance(project: Project) -> dict[str, Any]:
+    by_kind = balances_by_kind(project_id=project.pk)
+    balance = sum(by_kind.values())
+    held = -(by_kind["hold"] + by_kind["release"])
+    return {"project": project.slug, "balance": balance, "held": held, "by_kind": by_kind}
+
+
+class BalanceViewSet(viewsets.ViewSet):
+    """Balances: the sum of each project's ledger entries."""
+
+    lookup_field = "slug"
+    serializer_class = BalanceSerializer
+
+    @extend_schema(responses=BalanceSerializer(many=True))
+    def list(self, request: Request) -> Response:
+        projects = projects_visible_to(request.user).order_by("slug")[:500]
+        return Response(BalanceSerializer([_balance(p) for p in projects], many=True).data)
+
+    @extend_schema(
+        responses=BalanceSerializer,
+        parameters=[OpenApiParameter("slug", str, OpenApiParameter.PATH, description="Project slug.")],
+    )
+    def retrieve(self, request: Request, slug: str) -> Response:
+        project = get_object_or_404(projects_visible_to(request.user), slug=slug)
+        return Response(BalanceSerializer(_balance(project)).data)
+
+
+class QuotaPolicyViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, viewsets.GenericViewSet
+):
+    """Quota policies: members read their projects'; operators set them."""
+
+    serializer_class = QuotaPolicySerializer
+    lookup_field = "project__slug"
+    lookup_url_kwarg = "slug"
+    queryset = QuotaPolicy.objects.none()
+
+    def get_permissions(self) -> list[BasePermission]:
+        if self.action in ("update", "partial_update"):
+            return [IsAuthenticated(), IsOperator()]
+        return [IsAuthenticated()]
+
+    def get_queryset(self) -> QuerySet[QuotaPolicy]:
+        return (
+            QuotaPolicy.objects.filter(project__in=projects_visible_to(self.request.user))
+            .select_related("project", "updated_by")
+            .order_by("project__slug")
+        )
+
+    def get_object(self) -> QuotaPolicy:
+        project = get_object_or_404(projects_visible_to(self.request.user), slug=self.kwargs["slug"])
+        policy, _ = QuotaPolicy.objects.get_or_create(project=project)
+        self.check_object_permissions(self.request, policy)
+        return policy
+
+    def perform_update(self, serializer: Any) -> None:
+        policy: QuotaPolicy = serializer.instance
+        data = serializer.validated_data
+        serializer.instance = services.quota_policy_set(
+            project=policy.project,
+            actor=self.request.user,
+            credits_per_period=data.get("credits_per_period"),
+            max_concurrent_gpus=data.get("max_concurrent_gpus"),
+            max_reservation_hours=data.get("max_reservation_hours"),
+            fields=set(data),
+        )
+
+
+class _OperatorMove(APIView):
+    permission_classes = [IsAuthenticated, IsOperator]
+    input_class: type = GrantSerializer
+
+    def _entry(self, entry: LedgerEntry) -> Response:
+        return Response(LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
+
+
+class GrantView(_OperatorMove):
+    @extend_schema(
+        request=GrantSerializer,
+        responses={201: LedgerEntrySerializer},
+        summary="Grant credits to a project (operators)",
+    )
+    def post(self, request: Request) -> Response:
+        s = GrantSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        return self._entry(services.ledger_grant(actor=request.user, **s.validated_data))
+
+
+class AdjustView(_OperatorMove):
+    @extend_schema(
+        request=AdjustSerializer,
+        responses={201: LedgerEntrySerializer},
+        summary="Adjust a project's credits, either sign (operators)",
+    )
+    def post(self, request: Request) -> Response:
+        s = AdjustSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        return self._entry(services.ledger_adjust(actor=request.user, **s.validated_data))
+
+
+class RefundView(_OperatorMove):
+    @extend_schema(
+        request=RefundSerializer,
+        responses={201: LedgerEntrySerializer},
+        summary="Refund credits charged for a reservation (operators)",
+    )
+    def post(self, request: Request) -> Response:
+        s = RefundSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        return self._entry(services.ledger_refund(actor=request.user, **s.validated_data))

@@ -1,0 +1,109 @@
+"""Quota policies and the append-only credit ledger of each project."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.accounts.models import Project
+from controlplane.ledger.choices import EntryKind, Period
+
+CREDIT_PLACES = Decimal("0.0001")
+
+
+class QuotaPolicy(models.Model):
+    """What a project may book: credits granted per period, concurrent GPUs, and one reservation's length.
+
+    A null cap means "no cap". Credits are always enforced: a booking needs a balance to hold.
+    """
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="quota_policy")
+    credits_per_period = models.DecimalField(
+        max_digits=16, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+    )
+    period = models.CharField(max_length=16, choices=Period.choices, default=Period.MONTH)
+    max_concurrent_gpus = models.PositiveIntegerField(null=True, blank=True)
+    max_reservation_hours = models.DecimalField(
+        max_digits=10, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(Decimal("0.01"))]
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        verbose_name_plural = "quota policies"
+
+    def __str__(self) -> str:
+        return f"quota of {self.project}"
+
+
+class AppendOnlyError(Exception):
+    """Ledger entries are facts: a correction is a new entry, never an edit."""
+
+
+class LedgerEntryQuerySet(models.QuerySet["LedgerEntry"]):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnlyError("Ledger entries cannot be changed; append an adjustment instead.")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("Ledger entries cannot be deleted; append an adjustment instead.")
+
+
+class LedgerEntry(models.Model):
+    """One signed movement of credits. ``amount`` > 0 adds to the balance, < 0 takes from it."""
+
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="ledger_entries")
+    kind = models.CharField(max_length=16, choices=EntryKind.choices)
+    amount = models.DecimalField(max_digits=16, decimal_places=4)
+    reservation = models.ForeignKey(
+        "reservations.Reservation", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries"
+    )
+    # A grant for a period carries its key ("2026-11") so the period task grants each period once.
+    period_key = models.CharField(max_length=16, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    actor_label = models.CharField(max_length=150)
+    reason = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = LedgerEntryQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["project", "kind"]), models.Index(fields=["reservation", "kind"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "period_key"],
+                condition=Q(kind="grant") & ~Q(period_key=""),
+                name="ledger_one_grant_per_period",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(kind__in=["hold", "charge"], amount__lte=0)
+                    | Q(kind__in=["grant", "release", "refund"], amount__gte=0)
+                    | Q(kind="adjust")
+                ),
+                name="ledger_amount_sign_matches_kind",
+            ),
+        ]
+        verbose_name_plural = "ledger entries"
+
+    def __str__(self) -> str:
+        return f"{self.project} {self.kind} {self.amount}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise AppendOnlyError("Ledger entries cannot be changed; append an adjustment instead.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("Ledger entries cannot be deleted; append an adjustment instead.")

@@ -1,0 +1,200 @@
+"""Availability: what is free for a spec and window, the earliest window that fits, and a per-GPU timeline."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.accounts.selectors import projects_visible_to
+from controlplane.inventory.choices import ServerState
+from controlplane.inventory.models import Gpu, GpuModel
+from controlplane.reservations.api.fields import StartField
+from controlplane.reservations.api.serializers import SpecSerializer, spec_from
+from controlplane.reservations.models import Reservation
+from controlplane.reservations.selectors import earliest_window, free_for, timeline
+from controlplane.reservations.specs import Window
+
+MAX_TIMELINE_DAYS = 62
+
+
+class FreeQuerySerializer(SpecSerializer):
+    start = StartField(help_text='ISO 8601, or "now".')
+    end = serializers.DateTimeField()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if attrs["end"] <= attrs["start"]:
+            raise serializers.ValidationError({"end": ["The window must end after it starts."]})
+        return attrs
+
+
+class EarliestQuerySerializer(SpecSerializer):
+    duration_hours = serializers.DecimalField(
+        max_digits=8, decimal_places=3, min_value=Decimal("0.01"), max_value=Decimal(24 * 90)
+    )
+    within_days = serializers.IntegerField(min_value=1, max_value=90, default=7)
+
+
+class TimelineQuerySerializer(serializers.Serializer):
+    start = StartField()
+    end = serializers.DateTimeField()
+    server = serializers.CharField(required=False, help_text="Only this server (hostname).")
+    gpu_model = serializers.SlugRelatedField(slug_field="name", queryset=GpuModel.objects.all(), required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=1000, default=200, help_text="GPUs per page.")
+    offset = serializers.IntegerField(min_value=0, default=0)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["end"] <= attrs["start"]:
+            raise serializers.ValidationError({"end": ["The range must end after it starts."]})
+        if attrs["end"] - attrs["start"] > timedelta(days=MAX_TIMELINE_DAYS):
+            raise serializers.ValidationError({"end": [f"The range may span at most {MAX_TIMELINE_DAYS} days."]})
+        return attrs
+
+
+def _uuids(ids: list[int] | None) -> list[str] | None:
+    if ids is None:
+        return None
+    by_id = dict(Gpu.objects.filter(pk__in=ids).values_list("pk", "uuid"))
+    return [by_id[i] for i in ids]
+
+
+class FreeView(APIView):
+    @extend_schema(
+        parameters=[FreeQuerySerializer],
+        summary="What is free for a spec in [start, end)",
+        responses=inline_serializer(
+            "FreeAnswer",
+            {
+                "free_gpus": serializers.IntegerField(),
+                "servers": serializers.ListField(child=serializers.DictField()),
+                "proposal": serializers.ListField(child=serializers.CharField(), allow_null=True),
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        query = FreeQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        summary = free_for(spec_from(data), Window(data["start"], data["end"]))
+        uuid_of = dict(
+            Gpu.objects.filter(pk__in=[g.id for s in summary.servers for g in s.free]).values_list("pk", "uuid")
+        )
+        return Response(
+            {
+                "start": data["start"],
+                "end": data["end"],
+                "free_gpus": summary.free_gpus,
+                "servers": [
+                    {"hostname": s.hostname, "free": [uuid_of[g.id] for g in s.free], "whole": s.whole}
+                    for s in sorted(summary.servers, key=lambda s: s.hostname)
+                ],
+                "proposal": [uuid_of[i] for i in summary.proposal] if summary.proposal else None,
+            }
+        )
+
+
+class EarliestView(APIView):
+    @extend_schema(
+        parameters=[EarliestQuerySerializer],
+        summary="The earliest window of a given length that the spec fits in, within the next days",
+        responses=inline_serializer(
+            "EarliestAnswer",
+            {
+                "found": serializers.BooleanField(),
+                "start": serializers.DateTimeField(allow_null=True),
+                "end": serializers.DateTimeField(allow_null=True),
+                "gpus": serializers.ListField(child=serializers.CharField()),
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        query = EarliestQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        found = earliest_window(
+            spec_from(data),
+            duration=timedelta(hours=float(data["duration_hours"])),
+            within=timedelta(days=data["within_days"]),
+            now=timezone.now(),
+        )
+        if found is None:
+            return Response({"found": False, "start": None, "end": None, "gpus": []})
+        window, gpu_ids = found
+        return Response({"found": True, "start": window.starts_at, "end": window.ends_at, "gpus": _uuids(gpu_ids)})
+
+
+class TimelineView(APIView):
+    @extend_schema(
+        parameters=[TimelineQuerySerializer],
+        summary="Per GPU, who holds it over a range (the portal's Gantt view)",
+        description="Segments of other tenants' reservations show as busy, without their id.",
+        responses=inline_serializer(
+            "TimelineAnswer",
+            {
+                "count": serializers.IntegerField(),
+                "gpus": serializers.ListField(child=serializers.DictField()),
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        query = TimelineQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        gpus = Gpu.objects.filter(present=True).exclude(server__state=ServerState.RETIRED)
+        if data.get("server"):
+            gpus = gpus.filter(server__hostname=data["server"])
+        if data.get("gpu_model"):
+            gpus = gpus.filter(model=data["gpu_model"])
+        gpus = gpus.order_by("server__hostname", "index")
+        count = gpus.count()
+        page = list(gpus.select_related("server", "model")[data["offset"] : data["offset"] + data["limit"]])
+        segments = timeline(
+            gpus=Gpu.objects.filter(pk__in=[g.pk for g in page]), starts_at=data["start"], ends_at=data["end"]
+        )
+        visible = set(projects_visible_to(request.user).values_list("pk", flat=True))
+        reservation_ids = {s.reservation_id for segs in segments.values() for s in segs if s.project_id in visible}
+        public = (
+            dict(Reservation.objects.filter(pk__in=reservation_ids).values_list("pk", "public_id"))
+            if reservation_ids
+            else {}
+        )
+        slugs = dict(
+            projects_visible_to(request.user)
+            .filter(pk__in={s.project_id for segs in segments.values() for s in segs if s.project_id in visible})
+            .values_list("pk", "slug")
+        )
+        return Response(
+            {
+                "start": data["start"],
+                "end": data["end"],
+                "count": count,
+                "gpus": [
+                    {
+                        "gpu": g.uuid,
+                        "server": g.server.hostname,
+                        "index": g.index,
+                        "gpu_model": g.model.name,
+                        "segments": [
+                            {
+                                "starts_at": s.starts_at,
+                                "ends_at": s.ends_at,
+                                "active": s.active,
+                                "mine": s.project_id in visible,
+                                "reservation": str(public[s.reservation_id]) if s.project_id in visible else None,
+                                "project": slugs.get(s.project_id) if s.project_id in visible else None,
+                            }
+                            for s in segments.get(g.pk, [])
+                        ],
+                    }
+                    for g in page
+                ],
+            }
+        )

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.accounts.selectors import can_book, projects_visible_to
+from controlplane.core.errors import NotFound, PermissionDenied
+from controlplane.reservations import services
+from controlplane.reservations.api.serializers import (
+    ExtendSerializer,
+    ReservationCreateSerializer,
+    ReservationDetailSerializer,
+    ReservationReasonSerializer,
+    ReservationSerializer,
+)
+from controlplane.reservations.filters import ReservationFilter
+from controlplane.reservations.models import Allocation, Reservation
+from controlplane.reservations.selectors import reservations_visible_to
+
+
+def _require_booking_role(user: Any, project_id: int) -> None:
+    if not can_book(user, project_id):
+        raise PermissionDenied("Booking needs the owner or member role in the project.")
+
+
+class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Reservations of the projects you belong to. Another project's reservation is 404."""
+
+    serializer_class = ReservationSerializer
+    filterset_class = ReservationFilter
+    lookup_field = "public_id"
+    lookup_url_kwarg = "id"
+    lookup_value_regex = "[0-9a-fA-F-]{36}"
+    queryset = Reservation.objects.none()
+
+    def get_queryset(self) -> QuerySet[Reservation]:
+        qs = reservations_visible_to(self.request.user).select_related("project", "gpu_model", "created_by")
+        if self.action != "list":
+            qs = qs.prefetch_related(
+                Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model")),
+                "events",
+            )
+        return qs
+
+    def get_serializer_class(self) -> type:
+        return ReservationSerializer if self.action == "list" else ReservationDetailSerializer
+
+    def _detail(self, reservation: Reservation, code: int = status.HTTP_200_OK) -> Response:
+        fresh = self.get_queryset().get(pk=reservation.pk)
+        return Response(ReservationDetailSerializer(fresh, context=self.get_serializer_context()).data, status=code)
+
+    @extend_schema(
+        request=ReservationCreateSerializer,
+        responses={201: ReservationDetailSerializer},
+        summary="Book GPUs for a window",
+        description="Places the request, checks the project's quota and holds its credits, all or "
+        "nothing. 409 `no_capacity`/`gpu_taken` when the GPUs are not free, 409 "
+        "`quota_exceeded` naming the quota, the need and what is left.",
+    )
+    def create(self, request: Request) -> Response:
+        visible = projects_visible_to(request.user)
+        slug = request.data.get("project") if isinstance(request.data, dict) else None
+        if isinstance(slug, str) and not visible.filter(slug=slug).exists():
+            # Another tenant's project reads as absent, never as "forbidden": that would confirm it exists.
+            raise NotFound(f"No project {slug!r} among yours.", fields={"project": ["No such project."]})
+        serializer = ReservationCreateSerializer(data=request.data, projects=visible)
+        serializer.is_valid(raise_exception=True)
+        args = serializer.to_domain()
+        _require_booking_role(request.user, args["project"].pk)
+        reservation = services.reservation_create(actor=request.user, **args)
+        return self._detail(reservation, status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=ReservationReasonSerializer,
+        responses={200: ReservationDetailSerializer},
+        summary="Cancel: before the window everything is released; during it, the window ends now",
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, id: str) -> Response:
+        return self._command(request, services.reservation_cancel)
+
+    @extend_schema(
+        request=ReservationReasonSerializer,
+        responses={200: ReservationDetailSerializer},
+        summary="Release the GPUs now (ends the window early)",
+    )
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, id: str) -> Response:
+        return self._command(request, services.reservation_release)
+
+    @extend_schema(
+        request=ExtendSerializer,
+        responses={200: ReservationDetailSerializer},
+        summary="Extend the window on the same GPUs, if they are free and the quota allows",
+    )
+    @action(detail=True, methods=["post"])
+    def extend(self, request: Request, id: str) -> Response:
+        reservation = self.get_object()
+        _require_booking_role(request.user, reservation.project_id)
+        serializer = ExtendSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        updated = services.reservation_extend(
+            reservation=reservation,
+            ends_at=serializer.validated_data["ends_at"],
+            actor=request.user,
+            reason=serializer.validated_data["reason"],
+        )
+        return self._detail(updated)
+
+    def _command(self, request: Request, service: Any) -> Response:
+        reservation = self.get_object()
+        _require_booking_role(request.user, reservation.project_id)
+        serializer = ReservationReasonSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        updated = service(reservation=reservation, actor=request.user, reason=serializer.validated_data["reason"])
+        return self._detail(updated)

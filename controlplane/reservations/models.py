@@ -1,0 +1,134 @@
+"""Reservations of exclusive GPUs for a window, their allocations and their audit trail."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from controlplane.accounts.models import Project
+from controlplane.inventory.models import Gpu, GpuModel
+from controlplane.reservations.choices import ReservationState
+
+
+class Reservation(models.Model):
+    """A project's request for GPUs in a window, and the container to run on them.
+
+    The spec is a GPU model *or* a minimum memory, and a GPU count *or* a number of whole servers.
+    ``starts_at``/``ends_at`` are the window the GPUs are held for now: an early release or an extension
+    moves ``ends_at``, and the events keep what it was.
+    """
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="reservations")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    name = models.CharField(max_length=120)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    min_memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    gpu_count = models.PositiveIntegerField(null=True, blank=True)
+    whole_servers = models.PositiveIntegerField(null=True, blank=True)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    image = models.CharField(max_length=512)
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        indexes = [
+            models.Index(fields=["project", "state"]),
+            models.Index(fields=["state", "starts_at"]),
+            models.Index(fields=["starts_at", "ends_at"]),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_window_not_empty"),
+            models.CheckConstraint(
+                condition=(
+                    Q(gpu_model__isnull=False, min_memory_mib__isnull=True)
+                    | Q(gpu_model__isnull=True, min_memory_mib__isnull=False)
+                ),
+                name="reservation_model_or_memory",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(gpu_count__isnull=False, whole_servers__isnull=True)
+                    | Q(gpu_count__isnull=True, whole_servers__isnull=False)
+                ),
+                name="reservation_count_or_servers",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.public_id})"
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
+            errors["ends_at"] = ["The window must end after it starts."]
+        if (self.gpu_model_id is None) == (self.min_memory_mib is None):
+            errors["gpu_model"] = ["Give a GPU model or a minimum memory, not both."]
+        if (self.gpu_count is None) == (self.whole_servers is None):
+            errors["gpu_count"] = ["Give a GPU count or a number of whole servers, not both."]
+        if errors:
+            raise ValidationError(errors)
+
+
+class Allocation(models.Model):
+    """One GPU held by one reservation for a period.
+
+    On PostgreSQL an exclusion constraint (migration 0002) forbids two active allocations of one GPU whose
+    periods overlap; ``[starts_at, ends_at)`` is half-open so back-to-back windows are allowed.
+    """
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    active = models.BooleanField(default=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["starts_at", "gpu_id"]
+        indexes = [
+            models.Index(
+                fields=["gpu", "starts_at", "ends_at"], condition=Q(active=True), name="allocation_active_gpu_period"
+            )
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="allocation_period_not_empty"),
+            models.UniqueConstraint(fields=["reservation", "gpu"], name="allocation_one_per_gpu_per_reservation"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} [{self.starts_at}, {self.ends_at})"
+
+
+class ReservationEvent(models.Model):
+    """The audit trail: every state change (and every cancel, release, extend) with actor, time and reason."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # "user:alice", "system:dispatch": readable after the user is deleted.
+    actor_label = models.CharField(max_length=150)
+    reason = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.reservation_id}: {self.from_state}->{self.to_state}"

@@ -1,0 +1,532 @@
+"""Reservation workflows: book, cancel, release, extend, and the two entry points dispatch drives.
+
+Every write runs under the project's row lock (bookings of one project go one at a time, so quota checks
+cannot both pass) and, when GPUs are taken, under row locks on those GPUs (ordered by id, so two bookings
+never deadlock). On PostgreSQL the exclusion constraint on allocations is the last word: if anything slipped
+past the locks, the insert fails and the booking is refused with Conflict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.accounts.models import Project
+from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.inventory.choices import GpuHealth, ServerState
+from controlplane.inventory.models import Gpu
+from controlplane.ledger.services import (
+    QuotaNeed,
+    actor_label_for,
+    check_quota,
+    credits,
+    ledger_hold,
+    ledger_settle,
+    lock_project,
+)
+from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
+from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
+from controlplane.reservations.placement import place
+from controlplane.reservations.selectors import candidate_servers, overlapping
+from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+
+# How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
+PLACEMENT_ATTEMPTS = 3
+SECONDS_PER_HOUR = Decimal(3600)
+
+
+def _hours(seconds: float) -> Decimal:
+    return (Decimal(str(seconds)) / SECONDS_PER_HOUR).quantize(Decimal("0.000001"))
+
+
+def _user(actor: Any) -> Any:
+    return actor if getattr(actor, "pk", None) else None
+
+
+def _event(
+    reservation: Reservation,
+    *,
+    from_state: str,
+    to_state: str,
+    actor: Any,
+    actor_label: str | None,
+    reason: str,
+    data: dict[str, Any] | None = None,
+    at: datetime | None = None,
+) -> ReservationEvent:
+    return ReservationEvent.objects.create(
+        reservation=reservation,
+        from_state=from_state,
+        to_state=to_state,
+        actor=_user(actor),
+        actor_label=actor_label or actor_label_for(actor),
+        reason=reason,
+        data=data or {},
+        at=at or timezone.now(),
+    )
+
+
+def _lock_gpus(gpu_ids: Iterable[int]) -> dict[int, Gpu]:
+    """Lock the GPU rows, in id order, and return them with what placement needs to re-check."""
+    rows = (
+        Gpu.objects.select_for_update(of=("self",))
+        .select_related("server", "model")
+        .filter(pk__in=sorted(gpu_ids))
+        .order_by("pk")
+    )
+    return {gpu.pk: gpu for gpu in rows}
+
+
+def _still_placeable(gpu: Gpu) -> bool:
+    return gpu.present and gpu.health == GpuHealth.HEALTHY and gpu.server.state == ServerState.READY
+
+
+def _peak_concurrent(*, project_id: int, window: Window, extra: int, exclude_reservation_id: int | None = None) -> int:
+    """The most GPUs the project would hold at any instant of the window, counting ``extra`` more."""
+    qs = overlapping(Allocation.objects.filter(reservation__project_id=project_id), window.starts_at, window.ends_at)
+    if exclude_reservation_id is not None:
+        qs = qs.exclude(reservation_id=exclude_reservation_id)
+    events: list[tuple[datetime, int]] = []
+    for a, b in qs.values_list("starts_at", "ends_at"):
+        events.append((max(a, window.starts_at), 1))
+        events.append((min(b, window.ends_at), -1))
+    events.sort(key=lambda e: (e[0], e[1]))  # an end and a start at one instant do not overlap: ends first
+    depth = peak = 0
+    for _, step in events:
+        depth += step
+        peak = max(peak, depth)
+    return peak + extra
+
+
+def _insert_allocations(rows: list[Allocation]) -> None:
+    try:
+        # No savepoint: on failure the whole booking transaction is rolled back by the Conflict below.
+        Allocation.objects.bulk_create(rows)
+    except IntegrityError as exc:
+        # The exclusion constraint: a concurrent booking holds one of these GPUs for an overlapping period.
+        raise Conflict(
+            "Another reservation took one of these GPUs for an overlapping window; try again.", code="gpu_taken"
+        ) from exc
+
+
+@transaction.atomic
+def reservation_create(
+    *,
+    project: Project,
+    name: str,
+    spec: GpuSpec,
+    window: Window,
+    container: ContainerSpec,
+    actor: Any,
+    now: datetime | None = None,
+) -> Reservation:
+    """Book GPUs for a window: place, check the quota, allocate, hold the credits. All or nothing.
+
+    Raises ValidationFailed for a bad request, Conflict (code ``no_capacity`` or ``gpu_taken``) when the
+    GPUs are not free, QuotaExceeded when a quota would break.
+    """
+    now = now or timezone.now()
+    name = (name or "").strip()
+    if not name:
+        raise ValidationFailed("name: This field is required.", fields={"name": ["This field is required."]})
+    spec.validate()
+    window.validate(now=now)
+    container.validate()
+
+    lock_project(project_id=project.pk)
+    exclude: set[int] = set()
+    chosen: dict[int, Gpu] = {}
+    for _attempt in range(PLACEMENT_ATTEMPTS):
+        servers = candidate_servers(spec, window)
+        if exclude:
+            servers = [
+                s.__class__(
+                    s.id,
+                    s.hostname,
+                    s.total,
+                    tuple(g for g in s.free if g.id not in exclude),
+                    s.whole and not any(g.id in exclude for g in s.free),
+                )
+                for s in servers
+            ]
+        gpu_ids = place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
+        if gpu_ids is None:
+            what = f"{spec.whole_servers} whole server(s)" if spec.whole_servers else f"{spec.gpu_count} GPU(s)"
+            raise Conflict(f"No {what} matching the spec are free for the whole window.", code="no_capacity")
+        locked = _lock_gpus(gpu_ids)
+        # Re-read under the lock: a booking that committed since our read is visible now.
+        taken = set(
+            overlapping(Allocation.objects.filter(gpu_id__in=gpu_ids), window.starts_at, window.ends_at).values_list(
+                "gpu_id", flat=True
+            )
+        )
+        taken |= {gid for gid in gpu_ids if gid not in locked or not _still_placeable(locked[gid])}
+        if not taken:
+            chosen = locked
+            break
+        exclude |= taken
+    else:
+        raise Conflict("Other bookings kept taking the chosen GPUs; try again.", code="gpu_taken")
+
+    gpus = [chosen[gid] for gid in sorted(chosen)]
+    hours = _hours(window.seconds)
+    needed = credits(sum((gpu.model.billing_weight for gpu in gpus), Decimal(0)) * hours)
+    check_quota(
+        project_id=project.pk,
+        need=QuotaNeed(
+            credits=needed,
+            hours=hours,
+            peak_concurrent_gpus=_peak_concurrent(project_id=project.pk, window=window, extra=len(gpus)),
+        ),
+    )
+
+    # Created straight in "scheduled": placement and quota are settled above, in this transaction, and both
+    # steps stay on the record as events.
+    reservation = Reservation.objects.create(
+        project=project,
+        created_by=_user(actor),
+        name=name,
+        gpu_model_id=spec.gpu_model_id,
+        min_memory_mib=spec.min_memory_mib,
+        gpu_count=spec.gpu_count,
+        whole_servers=spec.whole_servers,
+        starts_at=window.starts_at,
+        ends_at=window.ends_at,
+        image=container.image.strip(),
+        command=list(container.command),
+        env=dict(container.env),
+        state=ReservationState.SCHEDULED,
+        created_at=now,
+        updated_at=now,
+    )
+    _insert_allocations(
+        [
+            Allocation(reservation=reservation, gpu=gpu, starts_at=window.starts_at, ends_at=window.ends_at)
+            for gpu in gpus
+        ]
+    )
+    ledger_hold(
+        project_id=project.pk,
+        reservation_id=reservation.pk,
+        amount=needed,
+        actor=actor,
+        checked=True,
+        reason=f"hold for reservation {reservation.public_id}",
+        data={"hours": str(hours), "gpus": len(gpus)},
+    )
+    label = actor_label_for(actor)
+    ReservationEvent.objects.bulk_create(
+        [
+            ReservationEvent(
+                reservation=reservation,
+                from_state="",
+                to_state=ReservationState.PENDING,
+                actor=_user(actor),
+                actor_label=label,
+                reason="requested",
+                at=now,
+            ),
+            ReservationEvent(
+                reservation=reservation,
+                from_state=ReservationState.PENDING,
+                to_state=ReservationState.SCHEDULED,
+                actor=_user(actor),
+                actor_label=label,
+                reason="placed",
+                at=now,
+                data={
+                    "gpus": [gpu.uuid for gpu in gpus],
+                    "servers": sorted({gpu.server.hostname for gpu in gpus}),
+                    "credits_held": str(needed),
+                },
+            ),
+        ]
+    )
+    return reservation
+
+
+def _locked(reservation: Reservation) -> Reservation:
+    lock_project(project_id=reservation.project_id)
+    return Reservation.objects.select_for_update().get(pk=reservation.pk)
+
+
+def _transition(reservation: Reservation, *, from_states: Iterable[str], to: str, at: datetime, **fields: Any) -> bool:
+    changed = Reservation.objects.filter(pk=reservation.pk, state__in=list(from_states)).update(
+        state=to, updated_at=at, **fields
+    )
+    return changed == 1
+
+
+@transaction.atomic
+def reservation_cancel(
+    *, reservation: Reservation, actor: Any, reason: str = "", now: datetime | None = None
+) -> Reservation:
+    """Before the window: release every GPU and every credit held. During it: the same as a release."""
+    now = now or timezone.now()
+    current = _locked(reservation)
+    if now > current.starts_at:
+        return _end_early(current, actor=actor, reason=reason or "cancelled during the window", now=now)
+    if current.state not in CHANGEABLE_STATES:
+        raise Conflict(f"A {current.state} reservation cannot be cancelled.", code="invalid_state")
+    previous = current.state
+    if not _transition(current, from_states=[previous], to=ReservationState.CANCELLED, at=now):
+        raise Conflict("The reservation changed while it was being cancelled; try again.", code="invalid_state")
+    current.allocations.filter(active=True).update(active=False, released_at=now)
+    ledger_settle(
+        project_id=current.project_id,
+        reservation_id=current.pk,
+        used=Decimal(0),
+        actor=actor,
+        reason=f"cancelled reservation {current.public_id}",
+    )
+    _event(
+        current,
+        from_state=previous,
+        to_state=ReservationState.CANCELLED,
+        actor=actor,
+        actor_label=None,
+        reason=reason or "cancelled",
+        at=now,
+    )
+    current.refresh_from_db()
+    return current
+
+
+@transaction.atomic
+def reservation_release(
+    *, reservation: Reservation, actor: Any, reason: str = "", now: datetime | None = None
+) -> Reservation:
+    """End the window now. Before it starts this is a cancel."""
+    now = now or timezone.now()
+    current = _locked(reservation)
+    if now <= current.starts_at:
+        if current.state not in CHANGEABLE_STATES:
+            raise Conflict(f"A {current.state} reservation cannot be released.", code="invalid_state")
+        return reservation_cancel(
+            reservation=current, actor=actor, reason=reason or "released before the window", now=now
+        )
+    return _end_early(current, actor=actor, reason=reason or "released", now=now)
+
+
+def _end_early(current: Reservation, *, actor: Any, reason: str, now: datetime) -> Reservation:
+    """Cut the window at ``now``: the GPUs are free for others from now on; dispatch stops the container
+    and settles the ledger with reservation_finish()."""
+    if current.state not in CHANGEABLE_STATES:
+        raise Conflict(f"A {current.state} reservation cannot be ended.", code="invalid_state")
+    if now >= current.ends_at:
+        raise Conflict("The window has already closed.", code="invalid_state")
+    previous, booked_end = current.state, current.ends_at
+    if not _transition(current, from_states=[previous], to=ReservationState.ENDING, at=now, ends_at=now):
+        raise Conflict("The reservation changed while it was being released; try again.", code="invalid_state")
+    current.allocations.filter(active=True, ends_at__gt=now).update(ends_at=now)
+    _event(
+        current,
+        from_state=previous,
+        to_state=ReservationState.ENDING,
+        actor=actor,
+        actor_label=None,
+        reason=reason,
+        at=now,
+        data={"booked_ends_at": booked_end.isoformat(), "ends_at": now.isoformat()},
+    )
+    current.refresh_from_db()
+    return current
+
+
+@transaction.atomic
+def reservation_extend(
+    *, reservation: Reservation, ends_at: datetime, actor: Any, reason: str = "", now: datetime | None = None
+) -> Reservation:
+    """Move the end later, on the same GPUs, if they are free and the quota allows; holds the extra credits."""
+    now = now or timezone.now()
+    current = _locked(reservation)
+    if current.state not in CHANGEABLE_STATES:
+        raise Conflict(f"A {current.state} reservation cannot be extended.", code="invalid_state")
+    if ends_at <= current.ends_at:
+        raise ValidationFailed(
+            "ends_at: must be later than the current end.",
+            fields={"ends_at": [f"Must be later than the current end, {current.ends_at.isoformat()}."]},
+        )
+    if current.ends_at <= now:
+        raise Conflict("The window has already closed.", code="invalid_state")
+    old_end = current.ends_at
+    allocations = list(current.allocations.filter(active=True))
+    gpus = _lock_gpus(a.gpu_id for a in allocations)
+    extra = Window(old_end, ends_at)
+    clash = (
+        overlapping(Allocation.objects.filter(gpu_id__in=list(gpus)), extra.starts_at, extra.ends_at)
+        .exclude(reservation=current)
+        .select_related("gpu")
+        .first()
+    )
+    if clash is not None:
+        raise Conflict(
+            f"GPU {clash.gpu.uuid} is booked from {clash.starts_at.isoformat()}; the reservation cannot "
+            f"be extended past it.",
+            code="gpu_taken",
+            extra={"free_until": clash.starts_at.isoformat()},
+        )
+    unplaceable = [gpu.uuid for gpu in gpus.values() if not _still_placeable(gpu)]
+    if unplaceable:
+        raise Conflict(f"GPU {unplaceable[0]} is no longer available for booking.", code="gpu_unavailable")
+    extra_hours = _hours(extra.seconds)
+    needed = credits(sum((gpu.model.billing_weight for gpu in gpus.values()), Decimal(0)) * extra_hours)
+    check_quota(
+        project_id=current.project_id,
+        need=QuotaNeed(
+            credits=needed,
+            hours=_hours((ends_at - current.starts_at).total_seconds()),
+            peak_concurrent_gpus=_peak_concurrent(
+                project_id=current.project_id, window=extra, extra=len(gpus), exclude_reservation_id=current.pk
+            ),
+        ),
+    )
+    try:
+        with transaction.atomic():
+            Allocation.objects.filter(pk__in=[a.pk for a in allocations]).update(ends_at=ends_at)
+    except IntegrityError as exc:
+        raise Conflict(
+            "Another reservation took one of these GPUs for the extension; try again.", code="gpu_taken"
+        ) from exc
+    Reservation.objects.filter(pk=current.pk).update(ends_at=ends_at, updated_at=now)
+    ledger_hold(
+        project_id=current.project_id,
+        reservation_id=current.pk,
+        amount=needed,
+        actor=actor,
+        reason=f"extension of reservation {current.public_id}",
+        data={"hours": str(extra_hours)},
+    )
+    _event(
+        current,
+        from_state=current.state,
+        to_state=current.state,
+        actor=actor,
+        actor_label=None,
+        reason=reason or "extended",
+        at=now,
+        data={"old_ends_at": old_end.isoformat(), "ends_at": ends_at.isoformat(), "credits_held": str(needed)},
+    )
+    current.refresh_from_db()
+    return current
+
+
+@transaction.atomic
+def reservation_mark(
+    *,
+    reservation: Reservation,
+    from_states: Iterable[str],
+    to: str,
+    actor_label: str,
+    reason: str,
+    data: dict[str, Any] | None = None,
+    actor: Any = None,
+    at: datetime | None = None,
+) -> bool:
+    """Dispatch's state change: a conditional update plus its event. False when the state was not one of
+    ``from_states`` (another process moved it first); nothing is written then."""
+    at = at or timezone.now()
+    states = [str(s) for s in from_states]
+    previous = Reservation.objects.filter(pk=reservation.pk).values_list("state", flat=True).first()
+    if previous not in states:
+        return False
+    if not _transition(reservation, from_states=[previous], to=to, at=at):
+        return False
+    _event(
+        reservation,
+        from_state=previous,
+        to_state=to,
+        actor=actor,
+        actor_label=actor_label,
+        reason=reason,
+        data=data,
+        at=at,
+    )
+    reservation.state = to
+    return True
+
+
+def _used_credits(
+    reservation: Reservation, *, ended_at: datetime, used_gpu_seconds_by_gpu: Mapping[int | str, float] | None
+) -> tuple[Decimal, dict[str, Any]]:
+    allocations = list(reservation.allocations.select_related("gpu__model"))
+    if used_gpu_seconds_by_gpu is None:
+        # Nothing measured: charge the booked time up to the end, which is what the project held.
+        total, detail = Decimal(0), {}
+        for a in allocations:
+            seconds = max(0.0, (min(ended_at, a.ends_at) - a.starts_at).total_seconds())
+            total += a.gpu.model.billing_weight * _hours(seconds)
+            detail[a.gpu.uuid] = seconds
+        return total, {"gpu_seconds": detail, "measured": False}
+    weights: dict[int | str, Decimal] = {}
+    for a in allocations:
+        weights[a.gpu_id] = weights[a.gpu.uuid] = a.gpu.model.billing_weight
+    total = Decimal(0)
+    for key, seconds in used_gpu_seconds_by_gpu.items():
+        if key not in weights:
+            raise ValidationFailed(
+                f"GPU {key} is not allocated to this reservation.",
+                fields={"used_gpu_seconds_by_gpu": [f"GPU {key} is not allocated to it."]},
+            )
+        total += weights[key] * _hours(max(0.0, float(seconds)))
+    return total, {"gpu_seconds": {str(k): v for k, v in used_gpu_seconds_by_gpu.items()}, "measured": True}
+
+
+@transaction.atomic
+def reservation_finish(
+    *,
+    reservation: Reservation,
+    to: str,
+    ended_at: datetime,
+    actor_label: str,
+    reason: str,
+    used_gpu_seconds_by_gpu: Mapping[int | str, float] | None = None,
+    used_credits: Decimal | None = None,
+    actor: Any = None,
+) -> bool:
+    """End a reservation in a final state, free its GPUs and settle the ledger (release the hold, charge use).
+
+    ``used_credits`` wins over ``used_gpu_seconds_by_gpu`` (keys: GPU id or UUID); with neither, the booked
+    time up to ``ended_at`` is charged. Idempotent: False, and nothing written, when it was already final.
+    """
+    if to not in FINAL_STATES:
+        raise ValueError(f"{to} is not a final state")
+    current = _locked(reservation)
+    if current.state not in HOLDING_STATES:
+        return False
+    data: dict[str, Any]
+    if used_credits is not None:
+        used, data = Decimal(used_credits), {"measured": True}
+    else:
+        used, data = _used_credits(current, ended_at=ended_at, used_gpu_seconds_by_gpu=used_gpu_seconds_by_gpu)
+    previous = current.state
+    now = timezone.now()
+    if not _transition(current, from_states=[previous], to=to, at=now):
+        return False
+    current.allocations.filter(active=True).update(active=False, released_at=ended_at)
+    _, charge = ledger_settle(
+        project_id=current.project_id,
+        reservation_id=current.pk,
+        used=used,
+        actor=actor,
+        actor_label=actor_label,
+        reason=reason,
+    )
+    data["credits_charged"] = str(-charge.amount) if charge else "0"
+    _event(
+        current,
+        from_state=previous,
+        to_state=to,
+        actor=actor,
+        actor_label=actor_label,
+        reason=reason,
+        data=data,
+        at=now,
+    )
+    reservation.state = to
+    return True
