@@ -96,17 +96,29 @@ def portal_is_stale(frontend: Path) -> bool:
 
 
 def docker_engine() -> tuple[bool, str]:
-    """Whether a Docker engine answers here, and a word on why not."""
+    """Whether a Docker engine answers here, and a word on why not.
+
+    With an engine, the demo image (Debian's static busybox imported locally: no registry is needed) is made
+    sure of, so the portal's default booking runs a real container.
+    """
     try:
         import docker
 
         client = docker.from_env(timeout=3)
         client.ping()
         version = client.version().get("Version", "?")
-        client.close()
-        return True, f"Docker engine {version}"
     except Exception as exc:  # any failure means "no engine": the agents run without one
         return False, f"no Docker engine reachable ({exc.__class__.__name__})"
+    try:
+        from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
+
+        ensure_busybox_image(client)
+        image_word = f"demo image {DEFAULT_TAG} ready"
+    except Exception as exc:  # a missing busybox only costs the demo image, not the engine
+        image_word = f"demo image not built ({exc}); install busybox-static for it"
+    finally:
+        client.close()
+    return True, f"Docker engine {version}; {image_word}"
 
 
 class Command(BaseCommand):
