@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from django.utils import timezone
 
@@ -49,3 +60,163 @@ def report(launch: Launch, state: str, **fields: Any) -> schema.ContainerReport:
         state=state,
         **fields,
     )
+
+
+# -- a private broker and real Celery workers, for the delivery tests --------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+# The worker is `celery -A controlplane worker ...`, with the test's broker and transport options set on the
+# app first: settings read the broker from REDIS_URL and keep a one-hour visibility timeout.
+WORKER_MAIN = (
+    "import json, sys; from controlplane.celery import app; "
+    "app.conf.broker_url = sys.argv[1]; app.conf.broker_transport_options = json.loads(sys.argv[2]); "
+    "app.worker_main(sys.argv[3:])"
+)
+REDIS_ARGS = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"]
+WORKER_ARGS = [
+    "worker",
+    "--pool",
+    "solo",
+    "-Q",
+    "celery",
+    "--without-heartbeat",
+    "--without-gossip",
+    "--without-mingle",
+    "--loglevel",
+    "INFO",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def database_url() -> str:
+    """The URL of the database this test runs on (the live server's), for a worker in another process."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a fixed port: stopping it is a broker outage, and starting it
+    again on the same port is the broker coming back (empty, as after a restart without persistence)."""
+
+    def __init__(self, *, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1)
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [*REDIS_ARGS, "--port", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client().ping()
+                return
+            except Exception:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise AssertionError(f"redis-server did not start: {self.log_path.read_text()[-2000:]}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+        self.process = None
+
+
+class CeleryWorker:
+    """One real worker process on the private broker and the test's database."""
+
+    def __init__(self, *, broker_url: str, transport_options: dict[str, Any], log_path: Path) -> None:
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=database_url(),
+            CELERY_TASK_ALWAYS_EAGER="false",
+            PYTHONPATH=str(REPO),
+            DJANGO_SETTINGS_MODULE="controlplane.settings",
+        )
+        env.pop("REDIS_URL", None)
+        self.log_path = log_path
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", WORKER_MAIN, broker_url, json.dumps(transport_options), *WORKER_ARGS],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while "ready." not in self.log():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the Celery worker did not get ready:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """kill -9: no warm shutdown, no chance to ack or requeue anything."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextmanager
+def celery_broker(url: str, transport_options: dict[str, Any]) -> Iterator[None]:
+    """Point this process's Celery app (what ``transaction.on_commit`` publishes through) at ``url``, not
+    eager, and put everything back afterwards."""
+    from controlplane.celery import app
+
+    conf = app.conf
+    before = (conf.broker_url, conf.broker_transport_options, conf.task_always_eager)
+
+    def fresh_pools() -> None:
+        if app._pool is not None:
+            app._pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    fresh_pools()
+    conf.broker_url, conf.broker_transport_options, conf.task_always_eager = url, transport_options, False
+    try:
+        yield
+    finally:
+        fresh_pools()
+        conf.broker_url, conf.broker_transport_options, conf.task_always_eager = before
