@@ -125,11 +125,23 @@ async function main() {
       await page.waitForTimeout(2000);
     }
     expect(state === "running", `reservation reached running (last seen: ${state})`);
-    // Charts where the API exposes telemetry to tenants; a plain "not available yet" where it does not.
-    await page.locator('[data-testid="telemetry-charts"], [data-testid="telemetry-not-available"]').first().waitFor();
     await page.locator('[data-testid="launches"], [data-testid="not-available"]').first().waitFor();
+
+    step("the tenant sees live utilization, memory and power charts of her GPUs");
+    await page.getByTestId("telemetry-charts").waitFor({ timeout: 60_000 });
+    await page.waitForFunction(() => {
+      const charts = [...document.querySelectorAll('[data-testid^="telemetry-chart-"]')];
+      return charts.some((c) => Number(c.getAttribute("data-points")) > 0 && c.querySelector(".recharts-line"));
+    }, null, { timeout: 60_000 });
     await page.waitForTimeout(7000); // two more polls: the charts move, the log tail grows
+    const points = await page.locator('[data-testid^="telemetry-chart-"]').evaluateAll((charts) =>
+      Object.fromEntries(charts.map((c) => [c.getAttribute("data-testid"), Number(c.getAttribute("data-points"))])),
+    );
+    expect(points["telemetry-chart-util"] > 0, `the utilization chart has points: ${JSON.stringify(points)}`);
+    // The demo fleet is simulated, and the page says so beside the figures.
+    await page.getByTestId("telemetry-simulated").waitFor();
     await shot(page, "05-reservation-running");
+    await page.getByTestId("telemetry-charts").screenshot({ path: join(ARTIFACTS, "05b-telemetry-charts.png") });
 
     step("the tenant releases the running reservation");
     await page.getByRole("button", { name: "Release now" }).click();
@@ -138,12 +150,22 @@ async function main() {
       return b && !["running", "starting"].includes(b.textContent.trim().toLowerCase());
     }, null, { timeout: 60_000 });
 
-    step("a future booking is cancelled");
+    step("a future booking, made with the keyboard only, is cancelled");
     await page.goto(`${BASE}/availability`);
     await page.getByTestId("timeline").waitFor();
-    await page.getByLabel("GPUs", { exact: true }).fill("1");
-    await page.getByLabel(/^Name/).fill("e2e later");
-    await page.getByRole("button", { name: /^Book 1 GPU/ }).click();
+    const startField = page.getByLabel("Start", { exact: true });
+    const startBefore = await startField.inputValue();
+    await page.getByTestId("timeline-pick").focus();
+    await page.keyboard.press("ArrowRight");
+    await page.keyboard.press("ArrowRight");
+    const startPicked = await startField.inputValue();
+    expect(startPicked !== "" && startPicked !== startBefore, `arrow keys on the timeline move the start: ${startBefore} -> ${startPicked}`);
+    await page.getByLabel("GPUs", { exact: true }).focus();
+    await page.keyboard.press("ControlOrMeta+A");
+    await page.keyboard.type("1");
+    await page.getByLabel(/^Name/).focus();
+    await page.keyboard.type("e2e later");
+    await page.keyboard.press("Enter"); // submits the booking form
     await page.waitForURL(/\/reservations\/[0-9a-f-]{36}$/);
     expect(page.url() !== runningUrl, "a second reservation was made");
     await page.getByRole("button", { name: "Cancel reservation" }).click();

@@ -151,7 +151,15 @@ def test_tenant_books_watches_and_cancels_and_operator_drains(running_system: st
     print(done.stdout)
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert "e2e | PASS" in done.stdout
-    for name in ("01-login", "02-dashboard", "03-availability", "05-reservation-running", "07-usage", "10-fleet"):
+    for name in (
+        "01-login",
+        "02-dashboard",
+        "03-availability",
+        "05-reservation-running",
+        "05b-telemetry-charts",
+        "07-usage",
+        "10-fleet",
+    ):
         assert (artifacts / f"{name}.png").stat().st_size > 10_000, name
 
 

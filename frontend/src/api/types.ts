@@ -213,3 +213,36 @@ export const DCGM = {
   power: "DCGM_FI_DEV_POWER_USAGE",
   energy: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
 } as const;
+
+/** GET reservations/{id}/telemetry/: figures only from inside the period the reservation held each GPU. */
+export interface TelemetryMinute {
+  minute: string;
+  samples: number;
+  util_avg: number | null;
+  util_max: number | null;
+  fb_used_max_mib: number | null;
+  power_avg_w: number | null;
+  temp_max_c: number | null;
+}
+
+export interface GpuTelemetry {
+  uuid: string;
+  index: number;
+  server: string;
+  model: string;
+  memory_mib: number;
+  simulated: boolean;
+  held_from: string;
+  held_until: string;
+  live: boolean;
+  latest: { at: string; values: Record<string, number | null> } | null;
+  minutes: TelemetryMinute[];
+}
+
+export interface ReservationTelemetry {
+  reservation: string;
+  state: string;
+  now: string;
+  since: string;
+  gpus: GpuTelemetry[];
+}

@@ -1,5 +1,5 @@
 import { Group, Stack, Text } from "@mantine/core";
-import type { MouseEvent } from "react";
+import type { KeyboardEvent, MouseEvent } from "react";
 
 import type { TimelineGpu } from "../api/types";
 import { instantAt, placeSegment, ticks, type Range } from "../lib/timeline";
@@ -33,7 +33,32 @@ export function Timeline(props: {
     props.onPick(instantAt(range, (e.clientX - rect.left) / rect.width));
   }
 
+  // The keyboard way to the same pick: arrows move the window's start by an hour (six on long ranges). The
+  // start is the same for every GPU, so one track is a tab stop, not one per GPU.
+  function key(e: KeyboardEvent<HTMLDivElement>) {
+    if (!props.onPick) return;
+    const step = span > 2 * 86_400_000 ? 6 * 3_600_000 : 3_600_000;
+    const from = props.pick?.start ?? Math.max(Date.now(), range.start);
+    const moves: Record<string, number> = {
+      ArrowRight: from + step,
+      ArrowUp: from + step,
+      ArrowLeft: from - step,
+      ArrowDown: from - step,
+      Home: range.start,
+      End: range.end - step,
+      Enter: from,
+      " ": from,
+    };
+    if (!(e.key in moves)) return;
+    e.preventDefault();
+    props.onPick(Math.min(Math.max(moves[e.key], range.start), range.end));
+  }
+  const pickText = props.pick
+    ? `window starts ${new Date(props.pick.start).toLocaleString("en-GB", { dateStyle: "medium", timeStyle: "short" })}`
+    : "no window picked";
+
   let lastServer = "";
+  let first = true;
   return (
     <Stack gap={0} data-testid="timeline">
       <div className="tl-row">
@@ -50,6 +75,8 @@ export function Timeline(props: {
         const header = g.server !== lastServer;
         lastServer = g.server;
         const busyCount = g.segments.length;
+        const stop = first && !!props.onPick;
+        first = false;
         return (
           <div key={g.gpu}>
             {header && (
@@ -70,7 +97,15 @@ export function Timeline(props: {
               <div
                 className="tl-track"
                 onClick={click}
+                onKeyDown={stop ? key : undefined}
+                tabIndex={stop ? 0 : undefined}
+                role={stop ? "slider" : undefined}
+                aria-valuemin={stop ? range.start : undefined}
+                aria-valuemax={stop ? range.end : undefined}
+                aria-valuenow={stop ? (props.pick?.start ?? range.start) : undefined}
+                aria-valuetext={stop ? `${pickText}; arrow keys move it by the hour` : undefined}
                 aria-label={`${g.server} GPU ${g.index}: ${busyCount ? `${busyCount} booking(s) in range` : "free"}`}
+                data-testid={stop ? "timeline-pick" : undefined}
               >
                 {g.segments.map((s, i) => {
                   const p = placeSegment(range, Date.parse(s.starts_at), Date.parse(s.ends_at));

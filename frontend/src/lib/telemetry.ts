@@ -1,8 +1,11 @@
-// Client-side history of the latest telemetry sample per GPU: the API gives only "latest", so the charts are
-// built from what this page has polled, de-duplicated by the sample's own timestamp.
+// Chart data for a reservation's GPUs: the server's per-minute series, then the latest samples this page has
+// polled. Minute points sit at the start of their minute; a polled sample is an instant, kept only when it
+// falls after the last minute the server has folded (else it is in that minute's figures already).
+
+import type { GpuTelemetry, TelemetryMinute } from "../api/types";
 
 export interface Sample {
-  t: number; // epoch ms of the sample (telemetry_at), not of the poll
+  t: number; // epoch ms of the sample or of the minute's start, not of the poll
   [series: string]: number;
 }
 
@@ -27,4 +30,107 @@ export function mergeSeries(byGpu: Record<string, Sample[]>, field: string): Rec
     }
   }
   return [...rows.values()].sort((a, b) => a.t - b.t);
+}
+
+/** One chart: which minute aggregate and which DCGM field of the latest sample it plots. */
+export interface ChartField {
+  key: string;
+  title: string;
+  unit: string;
+  minute: keyof Pick<TelemetryMinute, "util_avg" | "fb_used_max_mib" | "power_avg_w">;
+  dcgm: string;
+}
+
+export const TELEMETRY_CHARTS: ChartField[] = [
+  { key: "util", title: "Utilization", unit: "%", minute: "util_avg", dcgm: "DCGM_FI_DEV_GPU_UTIL" },
+  { key: "memory", title: "Memory used", unit: " MiB", minute: "fb_used_max_mib", dcgm: "DCGM_FI_DEV_FB_USED" },
+  { key: "power", title: "Power", unit: " W", minute: "power_avg_w", dcgm: "DCGM_FI_DEV_POWER_USAGE" },
+];
+
+export function gpuLabel(gpu: Pick<GpuTelemetry, "server" | "index">): string {
+  return `${gpu.server}/${gpu.index}`;
+}
+
+function pick(charts: ChartField[], t: number, value: (c: ChartField) => number | null | undefined): Sample {
+  const s: Sample = { t };
+  for (const c of charts) {
+    const v = value(c);
+    if (typeof v === "number") s[c.key] = v;
+  }
+  return s;
+}
+
+export function latestSample(gpu: GpuTelemetry, charts: ChartField[] = TELEMETRY_CHARTS): Sample | null {
+  const latest = gpu.latest;
+  return latest ? pick(charts, Date.parse(latest.at), (c) => latest.values[c.dcgm]) : null;
+}
+
+/** Latest samples seen over the page's polls, per GPU: they fill the gap until the server folds a minute. */
+export type RecentSamples = Record<string, Sample[]>;
+
+export function rememberLatest(recent: RecentSamples, gpus: GpuTelemetry[], max = 120): RecentSamples {
+  let next = recent;
+  for (const gpu of gpus) {
+    const sample = latestSample(gpu);
+    if (!sample) continue;
+    const label = gpuLabel(gpu);
+    const before = recent[label] ?? [];
+    const after = appendSample(before, sample, max);
+    if (after !== before) next = { ...next, [label]: after };
+  }
+  return next;
+}
+
+/**
+ * A GPU's points for every chart, by chart key: its minutes, then the latest samples polled since the last
+ * minute began. A field the GPU did not report is left out, never zero.
+ */
+export function gpuSamples(gpu: GpuTelemetry, recent: Sample[] = [], charts: ChartField[] = TELEMETRY_CHARTS): Sample[] {
+  let samples: Sample[] = [];
+  const points = gpu.minutes.map((m) => pick(charts, Date.parse(m.minute), (c) => m[c.minute]));
+  // Polled samples inside a minute the server has already folded (the open one included) are in its figures.
+  const folded = points.length ? points[points.length - 1].t + 60_000 : Number.NEGATIVE_INFINITY;
+  points.push(...recent.filter((s) => s.t >= folded));
+  // The latest sample is the live point even inside the open minute.
+  const latest = latestSample(gpu, charts);
+  if (latest) points.push(latest);
+  for (const p of points) samples = appendSample(samples, p, Number.POSITIVE_INFINITY);
+  return samples;
+}
+
+/** Rows for one chart across the reservation's GPUs, and the series (GPU labels) that have any point. */
+export function chartData(
+  gpus: GpuTelemetry[],
+  key: string,
+  recent: RecentSamples = {},
+): { rows: Record<string, number>[]; series: string[] } {
+  const byGpu: Record<string, Sample[]> = {};
+  for (const gpu of gpus) byGpu[gpuLabel(gpu)] = gpuSamples(gpu, recent[gpuLabel(gpu)]);
+  const rows = mergeSeries(byGpu, key);
+  const series = Object.keys(byGpu)
+    .filter((label) => byGpu[label].some((s) => s[key] !== undefined))
+    .sort();
+  return { rows, series };
+}
+
+const HOUR = 3_600_000;
+/** The server keeps a tenant's minute series reachable for a day; older windows are the usage reports' job. */
+export const MAX_LOOKBACK_MS = 24 * HOUR;
+
+/**
+ * Where the charts start: the last hour of the window so far (or of the window, once it ended), never
+ * before the window opened. Null when the window has not opened yet or closed more than a day ago.
+ */
+export function telemetrySince(
+  window: { starts_at: string; ends_at: string },
+  now: number,
+  lookbackMs = HOUR,
+): string | null {
+  const start = Date.parse(window.starts_at);
+  const end = Math.min(Date.parse(window.ends_at), now);
+  if (start > now) return null;
+  // A minute of slack so a client clock a little ahead of the server's is not refused.
+  const since = Math.max(start, end - lookbackMs, now - MAX_LOOKBACK_MS + 60_000);
+  if (since >= end) return null;
+  return new Date(since).toISOString();
 }

@@ -178,7 +178,7 @@ export function AvailabilityPage() {
               </Group>
             </Group>
             <Text size="xs" c="dimmed" mb="xs">
-              Green is free, grey booked by others, blue your projects'. Click a track to start your window there.
+              Green is free, grey booked by others, blue your projects'. Click a track (or focus it and use the arrow keys) to start your window there.
             </Text>
             <QueryState
               isLoading={timeline.isLoading}

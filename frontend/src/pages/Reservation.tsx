@@ -1,5 +1,4 @@
 import {
-  Alert,
   Anchor,
   Button,
   Card,
@@ -17,16 +16,15 @@ import {
 } from "@mantine/core";
 import { LineChart } from "@mantine/charts";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
-import { useEffect, useRef, useState } from "react";
+import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
 
 import { ApiError, api, isMissingEndpoint } from "../api/client";
-import { useServers } from "../api/hooks";
-import { DCGM, type ReservationDetail, type Server } from "../api/types";
+import type { ReservationDetail, ReservationTelemetry } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
-import { ACTIVE_STATES, formatDateTime, formatRelative, fromLocalInput, shortUuid, toLocalInput } from "../lib/format";
-import { appendSample, mergeSeries, type Sample } from "../lib/telemetry";
+import { formatDateTime, formatRelative, fromLocalInput, shortUuid, toLocalInput } from "../lib/format";
+import { TELEMETRY_CHARTS, chartData, gpuLabel, rememberLatest, telemetrySince, type RecentSamples } from "../lib/telemetry";
 
 const POLL_MS = 3_000;
 
@@ -119,8 +117,9 @@ function ReservationView({ r }: { r: ReservationDetail }) {
 }
 
 function Allocations({ r }: { r: ReservationDetail }) {
-  const servers = useServers();
-  const simulated = new Set((servers.data ?? []).filter((s) => s.simulated).map((s) => s.hostname));
+  // The telemetry answer says which GPUs are simulated, to tenants too; the query is shared with the charts.
+  const telemetry = useReservationTelemetry(r);
+  const simulated = new Set((telemetry.data?.gpus ?? []).filter((g) => g.simulated).map((g) => g.server));
   if (r.allocations.length === 0) return <Text c="dimmed" size="sm">No GPUs allocated yet.</Text>;
   return (
     <Table.ScrollContainer minWidth={420}>
@@ -154,89 +153,105 @@ function Allocations({ r }: { r: ReservationDetail }) {
   );
 }
 
-const CHARTS: { field: string; title: string; unit: string }[] = [
-  { field: DCGM.util, title: "Utilization", unit: "%" },
-  { field: DCGM.fbUsed, title: "Memory used", unit: " MiB" },
-  { field: DCGM.power, title: "Power", unit: " W" },
-];
 const COLORS = ["blue.6", "teal.6", "orange.6", "grape.6", "red.6", "cyan.6", "lime.6", "indigo.6"];
+const POLLED_STATES = ["starting", "running", "ending"];
+
+function useReservationTelemetry(r: ReservationDetail) {
+  return useQuery({
+    queryKey: ["reservation-telemetry", r.id],
+    queryFn: async () => {
+      // Recomputed on every poll, so the charts keep a sliding hour while the reservation runs.
+      const since = telemetrySince(r, Date.now());
+      if (since === null) return null;
+      return api.get<ReservationTelemetry>(`reservations/${r.id}/telemetry/`, { since });
+    },
+    refetchInterval: POLLED_STATES.includes(r.state) ? POLL_MS : false,
+  });
+}
+
+/** Clock times for the x axis, with seconds while the chart spans only a few minutes. */
+function clock(t: number, rows: Record<string, number>[]): string {
+  const span = rows.length ? rows[rows.length - 1].t - rows[0].t : 0;
+  const opts: Intl.DateTimeFormatOptions =
+    span < 10 * 60_000 ? { hour: "2-digit", minute: "2-digit", second: "2-digit" } : { hour: "2-digit", minute: "2-digit" };
+  return new Date(t).toLocaleTimeString("en-GB", opts);
+}
 
 function TelemetryCharts({ r }: { r: ReservationDetail }) {
-  const servers = useServers(POLL_MS);
-  const history = useRef<Record<string, Sample[]>>({});
-  const [, bump] = useState(0);
-  const mine = new Set(r.allocations.map((a) => a.gpu));
-  const gpus = (servers.data ?? []).flatMap((s: Server) =>
-    s.gpus.filter((g) => mine.has(g.uuid)).map((g) => ({ server: s, gpu: g })),
-  );
-  const exposed = gpus.some(({ gpu }) => "telemetry" in gpu);
-
+  const telemetry = useReservationTelemetry(r);
+  const [recent, setRecent] = useState<RecentSamples>({});
   useEffect(() => {
-    let changed = false;
-    for (const { server, gpu } of gpus) {
-      if (!gpu.telemetry || !gpu.telemetry_at) continue;
-      const label = `${server.hostname}/${gpu.index}`;
-      const sample: Sample = { t: Date.parse(gpu.telemetry_at) };
-      for (const c of CHARTS) {
-        const v = gpu.telemetry[c.field];
-        if (typeof v === "number") sample[c.field] = v;
-      }
-      const before = history.current[label] ?? [];
-      const after = appendSample(before, sample);
-      if (after !== before) {
-        history.current[label] = after;
-        changed = true;
-      }
-    }
-    if (changed) bump((n) => n + 1);
-  }, [servers.dataUpdatedAt]); // eslint-disable-line react-hooks/exhaustive-deps
-
-  if (servers.isLoading) return <Text size="sm" c="dimmed">Loading telemetry…</Text>;
-  if (servers.error) return <ErrorAlert error={servers.error} title="Could not load telemetry" />;
-  if (!exposed) {
+    if (telemetry.data) setRecent((before) => rememberLatest(before, telemetry.data!.gpus));
+  }, [telemetry.data]);
+  if (telemetry.isLoading) return <Text size="sm" c="dimmed">Loading telemetry…</Text>;
+  if (telemetry.error) return <ErrorAlert error={telemetry.error} title="Could not load telemetry" />;
+  const data = telemetry.data;
+  if (data === null || data === undefined) {
     return (
-      <Alert color="gray" title="Not available yet" data-testid="telemetry-not-available">
-        Live GPU telemetry is not offered to this account by the API yet (the fleet endpoints show it to
-        operators). Charts will appear here once the server provides it.
-      </Alert>
-    );
-  }
-  const labels = Object.keys(history.current).sort();
-  if (labels.length === 0 || !["starting", "running", "ending"].includes(r.state)) {
-    return (
-      <Text size="sm" c="dimmed">
-        {ACTIVE_STATES.has(r.state) && !["starting", "running", "ending"].includes(r.state)
-          ? "The charts start when the reservation runs."
-          : "No samples yet."}
-        {labels.length > 0 && " Last samples are shown below."}
+      <Text size="sm" c="dimmed" data-testid="telemetry-empty">
+        {Date.parse(r.starts_at) > Date.now()
+          ? "The charts start when the reservation's window opens."
+          : "This window closed more than a day ago; the usage report has its totals."}
       </Text>
     );
   }
-  const simulated = gpus.some(({ server }) => server.simulated);
+  const charts = TELEMETRY_CHARTS.map((c) => ({ ...c, ...chartData(data.gpus, c.key, recent) }));
+  const simulated = data.gpus.filter((g) => g.simulated).map(gpuLabel);
+  const latestAt = data.gpus.map((g) => g.latest?.at).filter((a): a is string => !!a).sort().pop();
+  if (charts.every((c) => c.rows.length === 0)) {
+    return (
+      <Text size="sm" c="dimmed" data-testid="telemetry-empty">
+        {POLLED_STATES.includes(r.state) ? "No samples yet; the agent reports every few seconds." : "No samples were recorded in this window."}
+      </Text>
+    );
+  }
   return (
     <Stack>
-      {simulated && (
-        <Group gap={4}>
-          <SimulatedBadge />
-          <Text size="xs" c="dimmed">These figures come from simulated GPUs.</Text>
-        </Group>
-      )}
+      <Group gap="xs">
+        {simulated.length > 0 && (
+          <Group gap={4} data-testid="telemetry-simulated">
+            <SimulatedBadge />
+            <Text size="xs" c="dimmed">
+              {simulated.length === data.gpus.length ? "All" : simulated.join(", ")} of these figures come from simulated GPUs.
+            </Text>
+          </Group>
+        )}
+        <Text size="xs" c="dimmed">
+          Per-minute means (memory: peak) since {formatDateTime(data.since)}, then the samples polled since
+          {latestAt ? ` (latest ${new Date(latestAt).toLocaleTimeString("en-GB")})` : ""}.
+        </Text>
+      </Group>
       <SimpleGrid cols={{ base: 1, md: 3 }} data-testid="telemetry-charts">
-        {CHARTS.map((c) => (
-          <div key={c.field}>
+        {charts.map((c) => (
+          <div key={c.key} data-testid={`telemetry-chart-${c.key}`} data-points={c.rows.length}>
             <Text size="sm" fw={500}>{c.title}</Text>
-            <Text size="xs" c="dimmed">{c.field}</Text>
-            <LineChart
-              h={180}
-              data={mergeSeries(history.current, c.field)}
-              dataKey="t"
-              series={labels.map((l, i) => ({ name: l, color: COLORS[i % COLORS.length] }))}
-              xAxisProps={{ tickFormatter: (t: number) => new Date(t).toLocaleTimeString("en-GB") }}
-              unit={c.unit}
-              withDots={false}
-              curveType="linear"
-              withLegend={labels.length <= 8}
-            />
+            <Text size="xs" c="dimmed">{c.dcgm}</Text>
+            {c.rows.length === 0 ? (
+              <Text size="xs" c="dimmed" h={180}>This GPU does not report it.</Text>
+            ) : (
+              <LineChart
+                h={180}
+                data={c.rows}
+                dataKey="t"
+                series={c.series.map((l, i) => ({
+                  name: l,
+                  label: simulated.includes(l) ? `${l} (simulated)` : l,
+                  color: COLORS[i % COLORS.length],
+                }))}
+                xAxisProps={{
+                  type: "number",
+                  scale: "time",
+                  domain: ["dataMin", "dataMax"],
+                  tickFormatter: (t: number) => clock(t, c.rows),
+                }}
+                tooltipProps={{ labelFormatter: (t: number) => new Date(t).toLocaleTimeString("en-GB") }}
+                unit={c.unit}
+                withDots={c.rows.length < 3}
+                curveType="linear"
+                connectNulls
+                withLegend={c.series.length <= 8}
+              />
+            )}
           </div>
         ))}
       </SimpleGrid>
