@@ -1,8 +1,9 @@
 """Reports: a few aggregate queries over the hourly tables, merged in Python.
 
 Booked and used GPU-hours, credits and cost come from usage slices (settled reservations); idle GPU-hours,
-utilization and energy from the hourly telemetry rollups. Both tables are indexed on (project, hour), so a
-project's report is two index range scans with a GROUP BY each, whatever the size of the fleet.
+utilization and energy from the hourly telemetry rollups. Both tables have a covering index on (project, hour)
+holding the columns summed here, so a project's report is two index-only range scans with a GROUP BY each,
+whatever the size of the fleet.
 """
 
 from __future__ import annotations
