@@ -89,6 +89,10 @@ def _wait_until_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeo
 
 @pytest.fixture(scope="module")
 def running_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from django.db import connection
+
+    if connection.vendor != "sqlite" and not os.environ.get("E2E_DATABASE_URL"):
+        pytest.skip("the browser run starts a system of its own on SQLite; it runs in the SQLite leg")
     npm, node = shutil.which("npm"), shutil.which("node")
     if not npm or not node:
         service_missing("npm and node (needed to build and drive the portal)")
