@@ -13,14 +13,16 @@ the reservation services use, so dispatch never deadlocks with a booking or a ca
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import requests
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
@@ -29,10 +31,10 @@ from controlplane.dispatch.choices import FINAL_LAUNCH_STATES, LIVE_LAUNCH_STATE
 from controlplane.dispatch.models import Launch, Requeue
 from controlplane.fleet.models import NodeCredential
 from controlplane.inventory.choices import ServerState
-from controlplane.inventory.models import Server
+from controlplane.inventory.models import Gpu, Server
 from controlplane.ledger.services import lock_project
 from controlplane.reservations.choices import HOLDING_STATES, ReservationState
-from controlplane.reservations.models import Reservation
+from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.services import reservation_create, reservation_finish, reservation_mark
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 from nodeagent import commands, schema
@@ -134,6 +136,20 @@ def reservation_open(*, reservation_id: int, now: datetime | None = None, genera
     return launches
 
 
+def publish_once(task: Any, **options: Any) -> None:
+    """Hand a task to the broker with one connection attempt, or raise. Celery's own publish, even with
+    ``retry=False``, first reconnects for up to the broker connection timeout (about 6 s measured, per task),
+    which a dead broker would add to the booking request or heartbeat that opened a window."""
+    from controlplane.celery import app
+
+    if app.conf.task_always_eager:
+        task.apply_async(**options)
+        return
+    with app.producer_or_acquire() as producer:
+        producer.connection.ensure_connection(max_retries=0)
+        task.apply_async(producer=producer, retry=False, **options)
+
+
 def enqueue_pushes(launch_ids: Sequence[str]) -> None:
     """Push each launch once the surrounding transaction commits. A broker outage only delays: the next
     heartbeat carries the same desired state."""
@@ -144,14 +160,18 @@ def enqueue_pushes(launch_ids: Sequence[str]) -> None:
     def send() -> None:
         from controlplane.dispatch.tasks import push_launch
 
-        for launch_id in ids:
+        for n, launch_id in enumerate(ids):
             try:
-                # No publish retries: a dead broker must not hold up the request or beat that opened the window.
-                push_launch.apply_async(args=[launch_id], retry=False)
+                publish_once(push_launch, args=[launch_id])
             except Exception as exc:
+                # The broker is down: trying the other launches would only add connect attempts.
                 log.warning(
-                    "could not enqueue the push of launch %s (%s); the next heartbeat delivers it", launch_id, exc
+                    "could not enqueue the push of launch %s (%s), nor of %d more; the next heartbeat delivers them",
+                    launch_id,
+                    exc,
+                    len(ids) - n - 1,
                 )
+                return
 
     transaction.on_commit(send)
 
@@ -169,9 +189,9 @@ def dispatch_reservation_booked(*, reservation: Reservation, now: datetime | Non
 
         try:
             if opens_at <= now:
-                open_reservation.apply_async(args=[pk], retry=False)
+                publish_once(open_reservation, args=[pk])
             elif opens_at - now <= horizon:
-                open_reservation.apply_async(args=[pk], eta=opens_at, retry=False)
+                publish_once(open_reservation, args=[pk], eta=opens_at)
         except Exception as exc:
             log.warning("could not enqueue the opening of reservation %s (%s); the beat opens it", pk, exc)
 
@@ -227,12 +247,44 @@ def node_desired_state(
     return desired, stop
 
 
+@functools.cache
+def _dispatch_work_sql() -> str:
+    qn = connection.ops.quote_name
+    launch = qn(Launch._meta.db_table)
+    reservation = qn(Reservation._meta.db_table)
+    allocation = qn(Allocation._meta.db_table)
+    gpu = qn(Gpu._meta.db_table)
+    live = ", ".join(["%s"] * len(LIVE_LAUNCH_STATES))
+    # Both branches are index lookups (launch_server_state; the GPUs of one server, then their active
+    # allocations); LIMIT 1 stops at the first row found.
+    return (
+        f"SELECT 1 FROM {launch} WHERE server_id = %s AND state IN ({live}) "  # noqa: S608 - identifiers from metadata
+        f"UNION ALL SELECT 1 FROM {allocation} a "
+        f"JOIN {gpu} g ON g.id = a.gpu_id JOIN {reservation} r ON r.id = a.reservation_id "
+        "WHERE g.server_id = %s AND a.active = %s AND r.state = %s AND r.starts_at <= %s LIMIT 1"
+    )
+
+
+def _has_dispatch_work(*, server_id: int, now: datetime) -> bool:
+    """True when ``server`` has a live launch, or a scheduled reservation on its GPUs that is due to open."""
+    params: list[object] = [server_id, *sorted(LIVE_LAUNCH_STATES)]
+    params += [server_id, True, ReservationState.SCHEDULED, connection.ops.adapt_datetimefield_value(now + lead_time())]
+    with connection.cursor() as cursor:
+        cursor.execute(_dispatch_work_sql(), params)
+        return cursor.fetchone() is not None
+
+
 def desired_state_for(
     *, server: Server, now: datetime | None = None
 ) -> tuple[list[schema.DesiredContainer], list[str]]:
     """The heartbeat's answer. It first opens this server's due windows itself, so a launch never waits on
-    the broker, beat or a worker: a heartbeat after any outage is enough."""
+    the broker, beat or a worker: a heartbeat after any outage is enough.
+
+    Most heartbeats find nothing to open and nothing live: one indexed probe answers that, and the reply is
+    empty without building either query below."""
     now = now or timezone.now()
+    if not _has_dispatch_work(server_id=server.pk, now=now):
+        return [], []
     due = (
         Reservation.objects.filter(
             state=ReservationState.SCHEDULED,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
@@ -201,37 +203,46 @@ class QuotaNeed:
     """What one booking (or extension) asks of the quota."""
 
     credits: Decimal
-    peak_concurrent_gpus: int  # the project's GPUs in use at the busiest moment of the window, this one included
+    # The project's GPUs in use at the busiest moment of the window, this one included. A callable is only
+    # called when the project has a concurrency cap: counting reads every overlapping allocation.
+    peak_concurrent_gpus: int | Callable[[], int]
     hours: Decimal  # the reservation's whole length after the change
+
+
+def _quota_state(project_id: int) -> tuple[int | None, Decimal | None, Decimal]:
+    """The caps of the project's policy (None: no cap) and its balance, in one query."""
+    policy = QuotaPolicy.objects.filter(project_id=OuterRef("pk"))
+    entries = LedgerEntry.objects.filter(project_id=OuterRef("pk")).order_by().values("project_id")
+    row = (
+        Project.objects.filter(pk=project_id)
+        .values_list(
+            Subquery(policy.values("max_concurrent_gpus")[:1]),
+            Subquery(policy.values("max_reservation_hours")[:1]),
+            Subquery(entries.annotate(total=Sum("amount")).values("total")),
+        )
+        .first()
+    )
+    max_gpus, max_hours, total = row if row is not None else (None, None, None)
+    # SQLite sums decimals without their scale; quantize so both databases print "3.0000".
+    balance = (Decimal(total) if total is not None else ZERO).quantize(CREDIT_PLACES)
+    return max_gpus, (Decimal(max_hours) if max_hours is not None else None), balance
 
 
 def check_quota(*, project_id: int, need: QuotaNeed) -> None:
     """Refuse with QuotaExceeded naming the quota, what is needed and what is left. Caller holds lock_project()."""
-    policy = QuotaPolicy.objects.filter(project_id=project_id).first()
-    if policy is not None and policy.max_reservation_hours is not None and need.hours > policy.max_reservation_hours:
+    max_gpus, max_hours, available = _quota_state(project_id)
+    if max_hours is not None and need.hours > max_hours:
         raise QuotaExceeded(
-            f"A reservation may last at most {policy.max_reservation_hours} hours; this one lasts {need.hours}.",
-            extra={
-                "quota": "max_reservation_hours",
-                "needed": str(need.hours),
-                "available": str(policy.max_reservation_hours),
-            },
+            f"A reservation may last at most {max_hours} hours; this one lasts {need.hours}.",
+            extra={"quota": "max_reservation_hours", "needed": str(need.hours), "available": str(max_hours)},
         )
-    if (
-        policy is not None
-        and policy.max_concurrent_gpus is not None
-        and need.peak_concurrent_gpus > policy.max_concurrent_gpus
-    ):
-        raise QuotaExceeded(
-            f"The project may hold at most {policy.max_concurrent_gpus} GPUs at once; this window would need "
-            f"{need.peak_concurrent_gpus}.",
-            extra={
-                "quota": "max_concurrent_gpus",
-                "needed": need.peak_concurrent_gpus,
-                "available": policy.max_concurrent_gpus,
-            },
-        )
-    available = project_balance(project_id=project_id)
+    if max_gpus is not None:
+        peak = need.peak_concurrent_gpus() if callable(need.peak_concurrent_gpus) else need.peak_concurrent_gpus
+        if peak > max_gpus:
+            raise QuotaExceeded(
+                f"The project may hold at most {max_gpus} GPUs at once; this window would need {peak}.",
+                extra={"quota": "max_concurrent_gpus", "needed": peak, "available": max_gpus},
+            )
     if need.credits > available:
         raise QuotaExceeded(
             f"The project has {available} credits left and this needs {need.credits}.",

@@ -8,10 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, FloatField, Max, OuterRef, Q, QuerySet
-from django.db.models.expressions import RawSQL, Value
-from django.db.models.expressions import Window as Window_
-from django.db.models.functions import Coalesce, Greatest, Lag, Lead
+from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
+from django.utils.dateparse import parse_datetime
 
 from controlplane.accounts.selectors import projects_visible_to
 from controlplane.inventory.choices import GpuHealth, ServerState
@@ -147,86 +145,157 @@ def free_for(spec: GpuSpec, window: Window) -> FreeSummary:
     )
 
 
-def _epoch(field: str) -> RawSQL:
-    """Seconds since the epoch as a float, computed by the database: parsing 100,000 timestamps in Python
-    costs more than the whole search."""
-    column = f'"reservations_allocation"."{field}"'
-    if connection.vendor == "postgresql":
-        return RawSQL(f"EXTRACT(EPOCH FROM {column})::float8", [])  # noqa: S611 - no user input
-    return RawSQL(f"(julianday({column}) - 2440587.5) * 86400.0", [])  # noqa: S611
-
-
 EARLIEST_FIRST_STAGE = timedelta(days=1)
 
 
-def _earliest_start(
-    spec: GpuSpec,
-    servers: dict[int, list[tuple[int, bool]]],
-    *,
-    now: datetime,
-    last_start: datetime,
-    duration: timedelta,
-) -> float | None:
-    """The first instant in ``[now, last_start]`` at which the spec fits, as epoch seconds, or None."""
-    if last_start < now:
-        return None
+@dataclass
+class _Fleet:
+    """What one search query tells about the candidate GPUs: per server its GPUs (id, matching), and per
+    GPU the stretches in which a window may start (epoch seconds; none: busy throughout)."""
+
+    hostnames: dict[int, str]
+    servers: dict[int, list[tuple[int, bool]]]
+    starts: dict[int, list[tuple[float, float]]]
+    seen: set[int]
+    exact: dict[float, Any]  # allocation end (epoch) -> the stored value, to start at that instant exactly
+
+
+def _gap_rows(spec: GpuSpec, *, now: datetime, last_start: datetime, duration: timedelta) -> list[tuple[Any, ...]]:
+    """One query: every candidate GPU with its server, and the allocations that bound a gap long enough
+    for the window (and each GPU's last one), with the neighbours worked out by LAG/LEAD in the database.
+
+    The allocations are restricted to the horizon through the active-period index, and the timestamps are
+    turned into epoch seconds only for the rows that come back: a small part of them for a long window."""
+    gpus_sql, gpus_params = (
+        placeable_gpus(spec)
+        .annotate(m=ExpressionWrapper(_matches_q(spec), output_field=BooleanField()))
+        .order_by()
+        .values(c_gpu=F("id"), c_server=F("server_id"), c_host=F("server__hostname"), c_match=F("m"))
+        .query.sql_with_params()
+    )
+    ops = connection.ops
+    horizon_end = ops.adapt_datetimefield_value(last_start + duration)
+    start = ops.adapt_datetimefield_value(now)
+    t0, d = now.timestamp(), duration.total_seconds()
+    if connection.vendor == "postgresql":
+
+        def epoch(col: str) -> str:
+            return f"EXTRACT(EPOCH FROM {col})::float8"
+
+        def text(col: str) -> str:
+            return f"{col}::text"
+
+        greatest = "GREATEST"
+    else:
+
+        def epoch(col: str) -> str:
+            return f"((julianday({col}) - 2440587.5) * 86400.0)"
+
+        def text(col: str) -> str:
+            return col
+
+        greatest = "MAX"
+    # The instants come back as text too: parsing tens of thousands of timestamps costs more than the
+    # search, and only the one the answer starts at is ever parsed.
+    sql = f"""
+        SELECT x.gpu_id, x.server_id, x.hostname, x.m, {epoch("x.a")}, {epoch("x.b")}, {epoch("x.prev_b")},
+               x.next_a IS NULL, {text("x.b")}, {text("x.prev_b")}
+        FROM (
+            SELECT g.c_gpu AS gpu_id, g.c_server AS server_id, g.c_host AS hostname, g.c_match AS m,
+                   al.starts_at AS a, al.ends_at AS b,
+                   LAG(al.ends_at) OVER w AS prev_b, LEAD(al.starts_at) OVER w AS next_a
+            FROM ({gpus_sql}) g
+            LEFT JOIN reservations_allocation al
+              ON al.gpu_id = g.c_gpu AND al.active AND al.starts_at < %s AND al.ends_at > %s
+            WINDOW w AS (PARTITION BY g.c_gpu ORDER BY al.starts_at)
+        ) x
+        WHERE x.a IS NULL OR x.next_a IS NULL
+           OR {epoch("x.a")} >= {greatest}(COALESCE({epoch("x.prev_b")}, %s), %s) + %s
+    """  # noqa: S608 - the only interpolated SQL is the ORM's own and fixed expressions; values are parameters
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*gpus_params, horizon_end, start, t0, t0, d])
+        return cursor.fetchall()
+
+
+def _fleet(rows: list[tuple[Any, ...]], *, now: datetime, last_start: datetime, duration: timedelta) -> _Fleet:
     d = duration.total_seconds()
     t0, t_last = now.timestamp(), last_start.timestamp()
-    # The database works out each allocation's neighbours and returns only the rows that bound a gap long
-    # enough for the window (and each GPU's last one): on a busy fleet and a long window, a small part of
-    # the allocations. A GPU with no row has no allocation in the horizon at all.
-    per_gpu = Window_(expression=Lag("b"), partition_by=[F("gpu_id")], order_by=F("starts_at").asc())
-    rows = (
-        overlapping(Allocation.objects.filter(gpu__in=placeable_gpus(spec)), now, last_start + duration)
-        .annotate(a=_epoch("starts_at"), b=_epoch("ends_at"))
-        .annotate(
-            prev_b=per_gpu,
-            next_a=Window_(expression=Lead("a"), partition_by=[F("gpu_id")], order_by=F("starts_at").asc()),
-        )
-        .filter(
-            Q(next_a__isnull=True)
-            | Q(a__gte=Greatest(Coalesce(F("prev_b"), Value(t0)), Value(t0), output_field=FloatField()) + d)
-        )
-        .order_by()  # the model's default ordering would sort every row again, after the window
-        .values_list("gpu_id", "a", "b", "prev_b", "next_a")
-    )
-    feasible: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for gpu_id, a, b, prev_b, next_a in rows:
-        gap_start = t0 if prev_b is None else max(prev_b, t0)
-        if a - d >= gap_start and gap_start <= t_last:
-            feasible[gpu_id].append((gap_start, min(a - d, t_last)))
-        if next_a is None and max(b, t0) <= t_last:
-            feasible[gpu_id].append((max(b, t0), t_last))
-    seen = {gpu_id for gpu_id, *_ in rows}
-
-    def starts_possible(gpu_id: int) -> list[tuple[float, float]]:
+    fleet = _Fleet({}, defaultdict(list), defaultdict(list), set(), {})
+    servers, hostnames, starts, seen, exact = fleet.servers, fleet.hostnames, fleet.starts, fleet.seen, fleet.exact
+    for gpu_id, server_id, hostname, m, a, b, prev_b, last, raw_b, raw_prev_b in rows:
         if gpu_id not in seen:
-            return [(t0, t_last)]
-        return feasible.get(gpu_id, [])
+            seen.add(gpu_id)
+            servers[server_id].append((gpu_id, bool(m)))
+            hostnames[server_id] = hostname
+            if a is None:
+                starts[gpu_id] = [(t0, t_last)]  # no allocation in the horizon: free throughout
+                continue
+        if prev_b is None or prev_b < t0:
+            gap_start = t0
+        else:
+            gap_start = prev_b
+            exact[prev_b] = raw_prev_b
+        if a - d >= gap_start and gap_start <= t_last:
+            starts[gpu_id].append((gap_start, min(a - d, t_last)))
+        if last:
+            tail = b if b > t0 else t0
+            if tail <= t_last:
+                starts[gpu_id].append((tail, t_last))
+                exact[b] = raw_b
+    return fleet
 
+
+def _starts_possible(fleet: _Fleet, gpu_id: int) -> list[tuple[float, float]]:
+    return fleet.starts.get(gpu_id, [])
+
+
+def _earliest_start(spec: GpuSpec, fleet: _Fleet, *, t0: float, t_last: float) -> float | None:
+    """The first instant in ``[t0, t_last]`` at which the spec fits, as epoch seconds, or None: per GPU the
+    stretches in which a window could start, and a sweep per server for the first instant enough overlap."""
+
+    def starts(gid: int) -> list[tuple[float, float]]:
+        return _starts_possible(fleet, gid)
+
+    servers = fleet.servers
     if spec.whole_servers is not None:
         full: list[tuple[float, float]] = []
         for gpus in servers.values():
             if all(m for _, m in gpus):
-                full.extend(coverage([iv for gid, _ in gpus for iv in starts_possible(gid)], len(gpus)))
+                full.extend(coverage([iv for gid, _ in gpus for iv in starts(gid)], len(gpus)))
         stretches = coverage(full, spec.whole_servers)
         return stretches[0][0] if stretches else None
     count = spec.gpu_count or 1
     largest = max(sum(1 for _, m in gpus if m) for gpus in servers.values())
     if count > largest:
-        stretches = coverage(
-            [iv for gpus in servers.values() for gid, m in gpus if m for iv in starts_possible(gid)], count
-        )
+        stretches = coverage([iv for gpus in servers.values() for gid, m in gpus if m for iv in starts(gid)], count)
         return stretches[0][0] if stretches else None
     best: float | None = None
     for gpus in servers.values():
         matching = [gid for gid, m in gpus if m]
         if len(matching) < count:
             continue
-        stretches = coverage([iv for gid in matching for iv in starts_possible(gid)], count)
+        stretches = coverage([iv for gid in matching for iv in starts(gid)], count)
         if stretches and (best is None or stretches[0][0] < best):
             best = stretches[0][0]
     return best
+
+
+def _counts_at(fleet: _Fleet, t: float, *, t0: float, t_last: float) -> list[_ServerCount]:
+    """What _server_counts() reads from the database, worked out from the search's own rows at ``t``."""
+    out = []
+    for sid, gpus in fleet.servers.items():
+        matching = [gid for gid, m in gpus if m]
+        free = sum(1 for gid in matching if any(a <= t <= b for a, b in _starts_possible(fleet, gid)))
+        out.append(_ServerCount(sid, fleet.hostnames[sid], len(gpus), len(matching), free))
+    return out
+
+
+def _exact_start(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    parsed = parse_datetime(str(value))
+    assert parsed is not None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def earliest_window(
@@ -234,54 +303,42 @@ def earliest_window(
 ) -> tuple[Window, list[int]] | None:
     """The earliest ``[t, t + duration)`` inside ``[now, now + within]`` that the placement rule can fill.
 
-    First the cheap case, "now". Otherwise one query for the allocations of the candidate GPUs in the first
-    day, then (if nothing fits) in the whole horizon, as epoch seconds; per GPU, the stretches in which a
-    window could start (each free gap shortened by the duration); and a sweep per server for the first
-    instant at which enough overlap. The answer goes through the same placement as a booking, so booking it
-    right away gets those GPUs.
+    First the cheap case, "now". Otherwise one query returns every candidate GPU with the allocations that
+    bound its long-enough gaps (first for
+    the first day, then, if nothing fits there, for the whole horizon); per GPU the stretches in which a
+    window could start; a sweep per server for the first instant at which enough overlap. The free counts
+    at that instant come from the same rows, and the placement reads the topology of the shortlisted
+    servers only, re-checking in SQL that their GPUs are free, so booking the answer gets those GPUs.
     """
     horizon_end = now + within
     if horizon_end - duration < now:
         return None
+    # The cheap case first: "now", which is what a booking made now would get.
     proposal = place(
         candidate_servers(spec, Window(now, now + duration)), gpu_count=spec.gpu_count, whole_servers=spec.whole_servers
     )
     if proposal is not None:
         return Window(now, now + duration), proposal
-
-    servers: dict[int, list[tuple[int, bool]]] = defaultdict(list)
-    for gid, sid, healthy_match in (
-        placeable_gpus(spec)
-        .annotate(m=ExpressionWrapper(_matches_q(spec), output_field=BooleanField()))
-        .values_list("id", "server_id", "m")
-    ):
-        servers[sid].append((gid, bool(healthy_match)))
-    if not servers:
-        return None
-    # Most answers lie close to now: search the first day before reading the whole horizon's allocations.
-    best: float | None = None
     last = now + within - duration
+    t0 = now.timestamp()
+    # Most answers lie close to now: search the first day before reading the whole horizon's allocations.
     for stage_last in sorted({min(now + EARLIEST_FIRST_STAGE, last), last}):
-        best = _earliest_start(spec, servers, now=now, last_start=stage_last, duration=duration)
+        rows = _gap_rows(spec, now=now, last_start=stage_last, duration=duration)
+        if not rows:
+            return None
+        fleet = _fleet(rows, now=now, last_start=stage_last, duration=duration)
+        t_last = stage_last.timestamp()
+        best = _earliest_start(spec, fleet, t0=t0, t_last=t_last)
         if best is not None:
             break
-    if best is None:
+    else:
         return None
-    # ``best`` is the end of some allocation; take that instant exactly rather than a float's rounding of it.
-    exact = datetime.fromtimestamp(best, tz=UTC)
-    start = (
-        (
-            Allocation.objects.filter(
-                gpu__in=placeable_gpus(spec),
-                active=True,
-                ends_at__gte=exact - timedelta(milliseconds=5),
-                ends_at__lte=exact + timedelta(milliseconds=5),
-            ).aggregate(m=Max("ends_at"))["m"]
-        )
-        or exact
-    )
+    # ``best`` is now or the end of some allocation; take that instant exactly rather than a float's rounding.
+    start = now if best == t0 or fleet.exact.get(best) is None else _exact_start(fleet.exact[best])
     window = Window(start, start + duration)
-    proposal = place(candidate_servers(spec, window), gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
+    counts = _counts_at(fleet, best, t0=t0, t_last=t_last)
+    servers = _build(spec, window, _shortlist(spec, counts, SHORTLIST))
+    proposal = place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
     if proposal is None:  # an allocation landed meanwhile; the caller may ask again
         return None
     return window, proposal

@@ -13,7 +13,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
@@ -32,7 +33,7 @@ from controlplane.ledger.services import (
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
-from controlplane.reservations.selectors import candidate_servers, overlapping
+from controlplane.reservations.selectors import _busy_exists, candidate_servers, overlapping
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 # How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
@@ -103,15 +104,71 @@ def _peak_concurrent(*, project_id: int, window: Window, extra: int, exclude_res
     return peak + extra
 
 
-def _insert_allocations(rows: list[Allocation]) -> None:
-    try:
-        # No savepoint: on failure the whole booking transaction is rolled back by the Conflict below.
-        Allocation.objects.bulk_create(rows)
-    except IntegrityError as exc:
-        # The exclusion constraint: a concurrent booking holds one of these GPUs for an overlapping period.
-        raise Conflict(
-            "Another reservation took one of these GPUs for an overlapping window; try again.", code="gpu_taken"
-        ) from exc
+def _share_lock_gpus(gpu_ids: list[int]) -> None:
+    """Lock the GPU rows against change (a health report, a drain) until the booking commits, in id order.
+
+    A share lock, not FOR UPDATE: bookings of other windows on the same GPUs, which best-fit placement
+    sends to the same servers, go on side by side instead of queueing behind each other's commit; two
+    bookings of overlapping windows are kept apart by the exclusion constraint at insert time. SQLite
+    has neither; its BEGIN IMMEDIATE runs booking transactions one at a time.
+    """
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM inventory_gpu WHERE id = ANY(%s) ORDER BY id FOR SHARE", [sorted(gpu_ids)])
+
+
+def _place_and_allocate(
+    reservation: Reservation, *, spec: GpuSpec, window: Window
+) -> tuple[list[Gpu], list[Allocation]]:
+    """Choose GPUs, lock them, re-read them and insert the allocations; re-place when another booking got
+    one of them first (seen on the re-read, or by the exclusion constraint when it committed meanwhile)."""
+    exclude: set[int] = set()
+    for _attempt in range(PLACEMENT_ATTEMPTS):
+        servers = candidate_servers(spec, window)
+        if exclude:
+            servers = [
+                s.__class__(
+                    s.id,
+                    s.hostname,
+                    s.total,
+                    tuple(g for g in s.free if g.id not in exclude),
+                    s.whole and not any(g.id in exclude for g in s.free),
+                )
+                for s in servers
+            ]
+        gpu_ids = place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
+        if gpu_ids is None:
+            what = f"{spec.whole_servers} whole server(s)" if spec.whole_servers else f"{spec.gpu_count} GPU(s)"
+            raise Conflict(f"No {what} matching the spec are free for the whole window.", code="no_capacity")
+        _share_lock_gpus(gpu_ids)
+        # Re-read under the lock, in a new statement: a booking that committed since our read is visible now.
+        rows = (
+            Gpu.objects.select_related("server", "model")
+            .filter(pk__in=gpu_ids)
+            .annotate(busy=_busy_exists(window.starts_at, window.ends_at))
+            .order_by("pk")
+        )
+        locked = {gpu.pk: gpu for gpu in rows}
+        taken = {gid for gid in gpu_ids if gid not in locked or locked[gid].busy or not _still_placeable(locked[gid])}
+        if taken:
+            exclude |= taken
+            continue
+        gpus = [locked[gid] for gid in sorted(locked)]
+        allocations = [
+            Allocation(reservation=reservation, gpu=gpu, starts_at=window.starts_at, ends_at=window.ends_at)
+            for gpu in gpus
+        ]
+        try:
+            with transaction.atomic():
+                Allocation.objects.bulk_create(allocations)
+        except IntegrityError:
+            # The exclusion constraint: a booking not yet committed at our re-read holds one of these GPUs
+            # for an overlapping period. Which one is not said, so place again without all of them.
+            exclude |= set(gpu_ids)
+            continue
+        return gpus, allocations
+    raise Conflict("Other bookings kept taking the chosen GPUs; try again.", code="gpu_taken")
 
 
 @transaction.atomic
@@ -139,54 +196,9 @@ def reservation_create(
     container.validate()
 
     lock_project(project_id=project.pk)
-    exclude: set[int] = set()
-    chosen: dict[int, Gpu] = {}
-    for _attempt in range(PLACEMENT_ATTEMPTS):
-        servers = candidate_servers(spec, window)
-        if exclude:
-            servers = [
-                s.__class__(
-                    s.id,
-                    s.hostname,
-                    s.total,
-                    tuple(g for g in s.free if g.id not in exclude),
-                    s.whole and not any(g.id in exclude for g in s.free),
-                )
-                for s in servers
-            ]
-        gpu_ids = place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
-        if gpu_ids is None:
-            what = f"{spec.whole_servers} whole server(s)" if spec.whole_servers else f"{spec.gpu_count} GPU(s)"
-            raise Conflict(f"No {what} matching the spec are free for the whole window.", code="no_capacity")
-        locked = _lock_gpus(gpu_ids)
-        # Re-read under the lock: a booking that committed since our read is visible now.
-        taken = set(
-            overlapping(Allocation.objects.filter(gpu_id__in=gpu_ids), window.starts_at, window.ends_at).values_list(
-                "gpu_id", flat=True
-            )
-        )
-        taken |= {gid for gid in gpu_ids if gid not in locked or not _still_placeable(locked[gid])}
-        if not taken:
-            chosen = locked
-            break
-        exclude |= taken
-    else:
-        raise Conflict("Other bookings kept taking the chosen GPUs; try again.", code="gpu_taken")
-
-    gpus = [chosen[gid] for gid in sorted(chosen)]
-    hours = _hours(window.seconds)
-    needed = credits(sum((gpu.model.billing_weight for gpu in gpus), Decimal(0)) * hours)
-    check_quota(
-        project_id=project.pk,
-        need=QuotaNeed(
-            credits=needed,
-            hours=hours,
-            peak_concurrent_gpus=_peak_concurrent(project_id=project.pk, window=window, extra=len(gpus)),
-        ),
-    )
-
-    # Created straight in "scheduled": placement and quota are settled above, in this transaction, and both
-    # steps stay on the record as events.
+    # Created straight in "scheduled": placement and quota are settled below, in this transaction, and both
+    # steps stay on the record as events. The row comes first so the allocations can be inserted as soon
+    # as GPUs are chosen.
     reservation = Reservation.objects.create(
         project=project,
         created_by=_user(actor),
@@ -204,11 +216,18 @@ def reservation_create(
         created_at=now,
         updated_at=now,
     )
-    _insert_allocations(
-        [
-            Allocation(reservation=reservation, gpu=gpu, starts_at=window.starts_at, ends_at=window.ends_at)
-            for gpu in gpus
-        ]
+    gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window)
+    hours = _hours(window.seconds)
+    needed = credits(sum((gpu.model.billing_weight for gpu in gpus), Decimal(0)) * hours)
+    check_quota(
+        project_id=project.pk,
+        need=QuotaNeed(
+            credits=needed,
+            hours=hours,
+            peak_concurrent_gpus=lambda: _peak_concurrent(
+                project_id=project.pk, window=window, extra=len(gpus), exclude_reservation_id=reservation.pk
+            ),
+        ),
     )
     ledger_hold(
         project_id=project.pk,
@@ -220,34 +239,63 @@ def reservation_create(
         data={"hours": str(hours), "gpus": len(gpus)},
     )
     label = actor_label_for(actor)
-    ReservationEvent.objects.bulk_create(
-        [
-            ReservationEvent(
-                reservation=reservation,
-                from_state="",
-                to_state=ReservationState.PENDING,
-                actor=_user(actor),
-                actor_label=label,
-                reason="requested",
-                at=now,
-            ),
-            ReservationEvent(
-                reservation=reservation,
-                from_state=ReservationState.PENDING,
-                to_state=ReservationState.SCHEDULED,
-                actor=_user(actor),
-                actor_label=label,
-                reason="placed",
-                at=now,
-                data={
-                    "gpus": [gpu.uuid for gpu in gpus],
-                    "servers": sorted({gpu.server.hostname for gpu in gpus}),
-                    "credits_held": str(needed),
-                },
-            ),
-        ]
-    )
+    events = [
+        ReservationEvent(
+            reservation=reservation,
+            from_state="",
+            to_state=ReservationState.PENDING,
+            actor=_user(actor),
+            actor_label=label,
+            reason="requested",
+            at=now,
+        ),
+        ReservationEvent(
+            reservation=reservation,
+            from_state=ReservationState.PENDING,
+            to_state=ReservationState.SCHEDULED,
+            actor=_user(actor),
+            actor_label=label,
+            reason="placed",
+            at=now,
+            data={
+                "gpus": [gpu.uuid for gpu in gpus],
+                "servers": sorted({gpu.server.hostname for gpu in gpus}),
+                "credits_held": str(needed),
+            },
+        ),
+    ]
+    ReservationEvent.objects.bulk_create(events)
+    # Everything a response shows is in hand (the GPUs came with their server and model under the lock):
+    # filling the caches spares the caller three reads of what this transaction just wrote.
+    reservation.project = project
+    if spec.gpu_model_id is not None:
+        reservation.gpu_model = gpus[0].model  # placement only chose GPUs of this model
+    reservation._prefetched_objects_cache = {  # type: ignore[attr-defined]
+        "allocations": _loaded(reservation.allocations.all(), allocations),
+        "events": _loaded(reservation.events.all(), events),
+    }
+    _dispatch_booked(reservation, now=now)
     return reservation
+
+
+def _loaded(qs: QuerySet[Any], rows: list[Any]) -> QuerySet[Any]:
+    """``qs`` as prefetch_related leaves it: evaluated to ``rows``; a further filter() still reads the database."""
+    qs._result_cache = rows  # type: ignore[attr-defined]
+    qs._prefetch_done = True  # type: ignore[attr-defined]
+    return qs
+
+
+def _dispatch_booked(reservation: Reservation, *, now: datetime) -> None:
+    # Imported here: dispatch builds on these services, so a module-level import would be a cycle.
+    from controlplane.dispatch.services import dispatch_reservation_booked
+
+    dispatch_reservation_booked(reservation=reservation, now=now)
+
+
+def _dispatch_changed(reservation: Reservation) -> None:
+    from controlplane.dispatch.services import dispatch_reservation_changed
+
+    dispatch_reservation_changed(reservation=reservation)
 
 
 def _locked(reservation: Reservation) -> Reservation:
@@ -293,6 +341,7 @@ def reservation_cancel(
         reason=reason or "cancelled",
         at=now,
     )
+    _dispatch_changed(current)
     current.refresh_from_db()
     return current
 
@@ -334,6 +383,7 @@ def _end_early(current: Reservation, *, actor: Any, reason: str, now: datetime) 
         at=now,
         data={"booked_ends_at": booked_end.isoformat(), "ends_at": now.isoformat()},
     )
+    _dispatch_changed(current)
     current.refresh_from_db()
     return current
 
@@ -381,7 +431,7 @@ def reservation_extend(
         need=QuotaNeed(
             credits=needed,
             hours=_hours((ends_at - current.starts_at).total_seconds()),
-            peak_concurrent_gpus=_peak_concurrent(
+            peak_concurrent_gpus=lambda: _peak_concurrent(
                 project_id=current.project_id, window=extra, extra=len(gpus), exclude_reservation_id=current.pk
             ),
         ),
@@ -412,6 +462,7 @@ def reservation_extend(
         at=now,
         data={"old_ends_at": old_end.isoformat(), "ends_at": ends_at.isoformat(), "credits_held": str(needed)},
     )
+    _dispatch_changed(current)
     current.refresh_from_db()
     return current
 

@@ -118,6 +118,7 @@ def agent_node(transactional_db, live_server, docker_client, tmp_path: Path, eag
 
 def book_now(proj: Any, *, seconds: float, gpus: int = 2) -> Reservation:
     now = timezone.now()
+    # reservation_create hands the booking to dispatch itself, inside its transaction.
     with transaction.atomic():
         r = reservations.reservation_create(
             project=proj,
@@ -128,7 +129,6 @@ def book_now(proj: Any, *, seconds: float, gpus: int = 2) -> Reservation:
             actor=None,
             now=now,
         )
-        services.dispatch_reservation_booked(reservation=r, now=now)
     return r
 
 

@@ -214,3 +214,31 @@ def test_timeline_hides_other_tenants_reservations(api_client, fleet, team):
     assert len(segments) == 2
     assert {s["reservation"] for s in segments} == {str(mine.public_id), None}
     assert {s["project"] for s in segments} == {team["project"].slug, None}
+
+
+def _statements(queries) -> list[str]:  # type: ignore[no-untyped-def]
+    """The statements that do work: transaction control (BEGIN, SAVEPOINT, ...) aside."""
+    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT")
+    return [q["sql"] for q in queries if not q["sql"].upper().startswith(control)]
+
+
+def test_booking_through_the_api_reads_little_and_never_per_gpu(api_client, team):  # type: ignore[no-untyped-def]
+    model = gpu_model()
+    for _ in range(3):
+        server(model, gpus=8)
+    api_client.force_authenticate(team["owner"])
+    counts = {}
+    for n, gpus in enumerate((1, 8)):
+        data = body(team["project"])
+        start = timezone.now() + timedelta(hours=1 + 3 * n)
+        data["spec"]["gpu_count"] = gpus
+        data["window"] = {"start": start.isoformat(), "end": (start + timedelta(hours=2)).isoformat()}
+        with CaptureQueriesContext(connection) as queries:
+            response = api_client.post(URL, data, format="json")
+        assert response.status_code == 201, response.content
+        assert len(response.data["allocations"]) == gpus and len(response.data["events"]) == 2
+        assert {a["server"] for a in response.data["allocations"]} and response.data["spec"]["gpu_model"] == model.name
+        counts[gpus] = len(_statements(queries.captured_queries))
+    # Project + role, GPU model, project lock, free counts, topology, GPU locks, re-check, quota and balance,
+    # four inserts: the response is built from what the booking wrote, not read back.
+    assert counts[1] == counts[8] <= 13, counts

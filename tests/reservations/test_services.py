@@ -297,3 +297,26 @@ def test_mark_is_a_conditional_update_with_an_event():
         reason="again",
     )
     assert r.events.filter(to_state=ReservationState.STARTING).count() == 1
+
+
+def test_a_booking_starting_now_is_handed_to_dispatch_when_it_commits(django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+    from unittest import mock
+
+    model = gpu_model()
+    server(model, gpus=2)
+    proj = project()
+    now = timezone.now()
+    with mock.patch("controlplane.dispatch.tasks.open_reservation.apply_async") as enqueue:
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            r = services.reservation_create(
+                project=proj,
+                name="now",
+                spec=spec(model, count=1),
+                window=Window(now, now + timedelta(hours=1)),
+                container=CONTAINER,
+                actor=None,
+                now=now,
+            )
+    assert callbacks, "the booking registered no dispatch on commit"
+    enqueue.assert_called_once()
+    assert enqueue.call_args.kwargs["args"] == [r.pk]

@@ -73,8 +73,21 @@ class ContainerSerializer(serializers.Serializer):
     )
 
 
+class ProjectSlugField(serializers.SlugRelatedField):
+    """A project by slug; ``known`` holds projects the view has already read, so they are not read twice."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.known: dict[str, Project] = {}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and data in self.known:
+            return self.known[data]
+        return super().to_internal_value(data)
+
+
 class ReservationCreateSerializer(serializers.Serializer):
-    project = serializers.SlugRelatedField(
+    project = ProjectSlugField(
         slug_field="slug",
         queryset=Project.objects.none(),
         help_text="The project's slug; you must be its owner or a member.",

@@ -2,14 +2,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.accounts.selectors import can_book, projects_visible_to
+from controlplane.accounts.choices import BOOKING_ROLES
+from controlplane.accounts.models import Membership, Project
+from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.reservations import services
 from controlplane.reservations.api.serializers import (
@@ -64,17 +66,35 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         "`quota_exceeded` naming the quota, the need and what is left.",
     )
     def create(self, request: Request) -> Response:
-        visible = projects_visible_to(request.user)
         slug = request.data.get("project") if isinstance(request.data, dict) else None
-        if isinstance(slug, str) and not visible.filter(slug=slug).exists():
-            # Another tenant's project reads as absent, never as "forbidden": that would confirm it exists.
-            raise NotFound(f"No project {slug!r} among yours.", fields={"project": ["No such project."]})
-        serializer = ReservationCreateSerializer(data=request.data, projects=visible)
+        known: dict[str, Project] = {}
+        if isinstance(slug, str):
+            # One read answers both "is it yours?" and "may you book in it?".
+            found = (
+                projects_visible_to(request.user)
+                .filter(slug=slug)
+                .annotate(
+                    caller_role=Subquery(
+                        Membership.objects.filter(project=OuterRef("pk"), user=request.user).values("role")[:1]
+                    )
+                )
+                .first()
+            )
+            if found is None:
+                # Another tenant's project reads as absent, never as "forbidden": that would confirm it exists.
+                raise NotFound(f"No project {slug!r} among yours.", fields={"project": ["No such project."]})
+            known[slug] = found
+        serializer = ReservationCreateSerializer(data=request.data, projects=projects_visible_to(request.user))
+        serializer.fields["project"].known = known  # type: ignore[attr-defined]
         serializer.is_valid(raise_exception=True)
         args = serializer.to_domain()
-        _require_booking_role(request.user, args["project"].pk)
+        project = args["project"]
+        if not (is_operator(request.user) or getattr(project, "caller_role", None) in BOOKING_ROLES):
+            raise PermissionDenied("Booking needs the owner or member role in the project.")
         reservation = services.reservation_create(actor=request.user, **args)
-        return self._detail(reservation, status.HTTP_201_CREATED)
+        # The service hands back the reservation with its allocations and events: no need to read it again.
+        data = ReservationDetailSerializer(reservation, context=self.get_serializer_context()).data
+        return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         request=ReservationReasonSerializer,
