@@ -267,7 +267,7 @@ def _dispatch_work_sql() -> str:
 
 def _has_dispatch_work(*, server_id: int, now: datetime) -> bool:
     """True when ``server`` has a live launch, or a scheduled reservation on its GPUs that is due to open."""
-    params: list[object] = [server_id, *sorted(LIVE_LAUNCH_STATES)]
+    params: list[Any] = [server_id, *sorted(LIVE_LAUNCH_STATES)]
     params += [server_id, True, ReservationState.SCHEDULED, connection.ops.adapt_datetimefield_value(now + lead_time())]
     with connection.cursor() as cursor:
         cursor.execute(_dispatch_work_sql(), params)

@@ -12,23 +12,27 @@ was already folded in (a retransmitted heartbeat, or a buffer sent twice) and is
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.core.errors import PermissionDenied, ValidationFailed
 from controlplane.fleet import desired, health
-from controlplane.fleet.bulk import bulk_set
+from controlplane.fleet.bulk import bulk_set, update_row
 from controlplane.fleet.rollup import MinuteFold, minute_of, write_minutes
 from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Server, ServerEvent
 from controlplane.inventory.services import server_event
 from nodeagent import schema
+
+ONE_MINUTE = timedelta(minutes=1)
 
 
 def _aware(ts: datetime) -> datetime:
@@ -120,11 +124,10 @@ def heartbeat_ingest(
         )
     _validate_references(heartbeat)
     actor = f"agent:{server.hostname}"
-    # The row lock serialises heartbeats of one server (an agent retrying while the first is still in flight).
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server, found = _lock_server_and_read_gpus(server)
     events: list[ServerEvent] = []
 
-    gpus: dict[str, Gpu] = {g.uuid: g for g in Gpu.objects.filter(server=server)}
+    gpus: dict[str, Gpu] = {g.uuid: g for g in found}
     previous_fields = {uuid: dict(g.telemetry) for uuid, g in gpus.items()}
     reported = {f.uuid: f for f in heartbeat.gpus}
     dirty: set[str] = set()
@@ -305,12 +308,19 @@ def heartbeat_ingest(
     folds: dict[tuple[int, datetime], MinuteFold] = {}
     for uuid, samples in accepted.items():
         gpu_id = gpus[uuid].pk
+        # Samples are in time order: split them into runs of one minute, then fold each run at once.
+        run: list[dict[str, float | None]] = []
+        minute = ends = None
         for sample in samples:
-            key = (gpu_id, minute_of(sample.ts))
-            fold = folds.get(key)
-            if fold is None:
-                fold = folds[key] = MinuteFold()
-            fold.add(sample.fields)
+            if ends is None or _aware(sample.ts) >= ends:
+                if run:
+                    folds.setdefault((gpu_id, minute), MinuteFold()).add_all(run)  # type: ignore[arg-type]
+                minute = minute_of(sample.ts)
+                ends = minute + ONE_MINUTE
+                run = []
+            run.append(sample.fields)
+        if run:
+            folds.setdefault((gpu_id, minute), MinuteFold()).add_all(run)  # type: ignore[arg-type]
     write_minutes(folds)
 
     updates: dict[str, Any] = {
@@ -335,7 +345,7 @@ def heartbeat_ingest(
                 data={"seq": heartbeat.seq},
             )
         )
-    Server.objects.filter(pk=server.pk).update(**updates)
+    update_row(server, updates)
     for field, value in updates.items():
         setattr(server, field, value)
     if events:
@@ -351,6 +361,40 @@ def heartbeat_ingest(
         desired=wanted,
         stop=stop,
     )
+
+
+_SERVER_FIELDS = ("state", "state_before_offline", "heartbeat_interval_s")
+
+
+@functools.cache
+def _server_and_gpus_sql() -> str:
+    qn = connection.ops.quote_name
+    server_columns = ", ".join(f"s.{qn(name)} AS server_{name}" for name in _SERVER_FIELDS)
+    # PostgreSQL refuses FOR UPDATE on the nullable side of an outer join: only the server row is locked.
+    # SQLite has no row locks; its IMMEDIATE transactions already serialise writers.
+    lock = " FOR UPDATE OF s" if connection.features.has_select_for_update_of else ""
+    return (
+        f"SELECT g.*, {server_columns} FROM {qn(Server._meta.db_table)} s "  # noqa: S608 - identifiers only
+        f"LEFT JOIN {qn(Gpu._meta.db_table)} g ON g.server_id = s.id WHERE s.id = %s{lock}"
+    )
+
+
+def _lock_server_and_read_gpus(server: Server) -> tuple[Server, list[Gpu]]:
+    """Lock the server row and read its GPUs in one statement; the server comes back with its state re-read.
+
+    The row lock serialises heartbeats of one server (an agent retrying while the first is still in flight),
+    and the state read under it is the one the heartbeat acts on (node-loss detection may have just moved it).
+    """
+    rows = list(Gpu.objects.raw(_server_and_gpus_sql(), [server.pk]))
+    if not rows:
+        raise Server.DoesNotExist(f"server {server.pk} no longer exists")
+    locked = copy.copy(server)
+    for name in _SERVER_FIELDS:
+        setattr(locked, name, rows[0].__dict__[f"server_{name}"])
+    gpus = [gpu for gpu in rows if gpu.pk is not None]  # a server without GPUs comes back as one empty row
+    for gpu in gpus:
+        gpu.server = locked
+    return locked, gpus
 
 
 def _health_sentence(gpu: Gpu, raised: list[str], cleared: list[str], verdict: health.Health) -> str:

@@ -3,12 +3,16 @@
 The agent sends a few seconds of samples per heartbeat, so a minute's row is written by about a dozen
 heartbeats. Samples are first folded per (GPU, minute) in Python - PostgreSQL refuses an upsert that touches
 one row twice - then written with a single ``INSERT ... ON CONFLICT (gpu_id, minute) DO UPDATE`` that adds
-counts and sums, keeps maxima, keeps the first energy reading and moves the last. The SQL is the same on
-PostgreSQL and SQLite (3.24+): no GREATEST/MAX(a, b), whose NULL handling differs between the two.
+counts and sums, keeps maxima, keeps the first energy reading and moves the last. The upsert is the same
+on PostgreSQL and SQLite (3.24+): no GREATEST/MAX(a, b), whose NULL handling differs between the two. On
+PostgreSQL the rows travel as one JSON document (``jsonb_to_recordset``), so the statement's text is the same
+for any number of rows.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +36,31 @@ class MinuteFold:
     energy_first_mj: float | None = None
     energy_last_mj: float | None = None
 
+    def add_all(self, readings: Sequence[dict[str, float | None]]) -> None:
+        """Fold a run of samples at once: one pass per field instead of five look-ups and branches per sample
+        (a heartbeat after an outage brings hundreds)."""
+        self.samples += len(readings)
+        utils = [v for r in readings if (v := r.get(schema.GPU_UTIL)) is not None]
+        if utils:
+            self.util_samples += len(utils)
+            self.util_sum += sum(utils)
+            self.util_max = _greatest(self.util_max, max(utils))
+        fbs = [v for r in readings if (v := r.get(schema.FB_USED)) is not None]
+        if fbs:
+            self.fb_used_max_mib = _greatest(self.fb_used_max_mib, max(fbs))
+        powers = [v for r in readings if (v := r.get(schema.POWER_USAGE)) is not None]
+        if powers:
+            self.power_samples += len(powers)
+            self.power_sum_w += sum(powers)
+        temps = [v for r in readings if (v := r.get(schema.GPU_TEMP)) is not None]
+        if temps:
+            self.temp_max_c = _greatest(self.temp_max_c, max(temps))
+        energies = [v for r in readings if (v := r.get(schema.TOTAL_ENERGY)) is not None]
+        if energies:
+            if self.energy_first_mj is None:
+                self.energy_first_mj = energies[0]
+            self.energy_last_mj = energies[-1]
+
     def add(self, fields: dict[str, float | None]) -> None:
         self.samples += 1
         util = fields.get(schema.GPU_UTIL)
@@ -54,6 +83,10 @@ class MinuteFold:
             if self.energy_first_mj is None:
                 self.energy_first_mj = energy
             self.energy_last_mj = energy
+
+
+def _greatest(current: float | None, new: float) -> float:
+    return new if current is None else max(current, new)
 
 
 def minute_of(ts: datetime) -> datetime:
@@ -86,10 +119,19 @@ def _greater(column: str, table: str) -> str:
     )
 
 
+def _rows_sql(rows: int) -> str:
+    if rows == 0:
+        # PostgreSQL: the rows travel as one JSON document, so the statement's text does not change with the
+        # number of rows and the driver neither re-parses it nor quotes each value.
+        meta = GpuTelemetryMinute._meta
+        record = ", ".join(f"{c} {meta.get_field(c.removesuffix('_id')).db_type(connection)}" for c in _COLUMNS)
+        return f"SELECT * FROM jsonb_to_recordset(%s::jsonb) AS r({record})"  # noqa: S608 - no user input in SQL
+    placeholders = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+    return "VALUES " + ", ".join([placeholders] * rows)
+
+
 def _upsert_sql(rows: int) -> str:
     table = connection.ops.quote_name(GpuTelemetryMinute._meta.db_table)
-    placeholders = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
-    values = ", ".join([placeholders] * rows)
     updates = ", ".join(
         [
             *(
@@ -102,9 +144,15 @@ def _upsert_sql(rows: int) -> str:
         ]
     )
     return (
-        f"INSERT INTO {table} ({', '.join(_COLUMNS)}) VALUES {values} "  # noqa: S608 - no user input in SQL
+        f"INSERT INTO {table} ({', '.join(_COLUMNS)}) {_rows_sql(rows)} "
         f"ON CONFLICT (gpu_id, minute) DO UPDATE SET {updates}"
     )
+
+
+def _iso(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def write_minutes(folds: dict[tuple[int, datetime], MinuteFold]) -> int:
@@ -112,10 +160,10 @@ def write_minutes(folds: dict[tuple[int, datetime], MinuteFold]) -> int:
     if not folds:
         return 0
     adapt = connection.ops.adapt_datetimefield_value
-    params: list[Any] = []
+    rows: list[tuple[Any, ...]] = []
     # Sorted so concurrent heartbeats touching the same rows take their row locks in one order (no deadlock).
     for (gpu_id, minute), f in sorted(folds.items()):
-        params.extend(
+        rows.append(
             (
                 gpu_id,
                 adapt(minute),
@@ -131,6 +179,20 @@ def write_minutes(folds: dict[tuple[int, datetime], MinuteFold]) -> int:
                 f.energy_last_mj,
             )
         )
+    document = None
+    if connection.vendor == "postgresql":
+        try:
+            document = json.dumps(
+                [dict(zip(_COLUMNS, row, strict=True)) for row in rows], default=_iso, allow_nan=False
+            )
+        except ValueError:
+            pass  # a NaN or infinity, which JSON cannot carry: the plain VALUES list below can
+    if document is not None:
+        params: list[Any] = [document]
+        sql = _upsert_sql(0)
+    else:
+        params = [value for row in rows for value in row]
+        sql = _upsert_sql(len(rows))
     with connection.cursor() as cursor:
-        cursor.execute(_upsert_sql(len(folds)), params)
+        cursor.execute(sql, params)
     return len(folds)

@@ -69,6 +69,13 @@ def test_heartbeat_query_count_does_not_grow_with_gpus_or_samples(agent: APIClie
     assert _queries_for(agent, 8, 1, seq=2) == _queries_for(agent, 8, 5, seq=3) == _queries_for(agent, 8, 30, seq=4)
 
 
+def test_whole_heartbeat_request_is_eight_statements_at_most(agent: APIClient, node: Any) -> None:
+    post(agent, heartbeat("node-a", gpus=gpu_facts("node-a", count=8)))
+    # credential + server, transaction, lock server + read GPUs, update GPUs, upsert minutes, update server,
+    # dispatch probe (nothing due, nothing live): the budget of the agent endpoint, dispatch included.
+    assert _queries_for(agent, 8, 30, seq=2) <= 8
+
+
 def test_fleet_side_of_a_heartbeat_is_a_handful_of_statements(
     agent: APIClient, node: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

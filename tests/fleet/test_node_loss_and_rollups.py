@@ -14,7 +14,7 @@ from controlplane.inventory.choices import EventKind, ServerState
 from controlplane.inventory.models import Server, ServerEvent
 from controlplane.inventory.services import NODE_LOSS_ACTOR, server_set_state
 from nodeagent import schema
-from tests.fleet.helpers import T0, gpu_uuid, heartbeat, ingest
+from tests.fleet.helpers import T0, gpu_uuid, heartbeat, ingest, sample_fields
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +116,20 @@ def test_old_rollups_are_pruned(node: Any) -> None:
         assert prune_telemetry(T0 + timedelta(days=13)) == 0
         assert prune_telemetry(T0 + timedelta(days=15)) == 2
     assert GpuTelemetryMinute.objects.count() == 0
+
+
+def test_folding_a_run_of_samples_at_once_equals_folding_them_one_by_one() -> None:
+    from controlplane.fleet.rollup import MinuteFold
+
+    readings = [sample_fields(**{schema.GPU_UTIL: 10.0 * i, schema.TOTAL_ENERGY: 1000.0 + i}) for i in range(1, 6)] + [
+        {schema.GPU_UTIL: None, schema.FB_USED: None},
+        {schema.POWER_USAGE: 123.0, schema.GPU_TEMP: 90.0},
+    ]
+    one_by_one, at_once = MinuteFold(), MinuteFold()
+    for fields in readings:
+        one_by_one.add(fields)
+    at_once.add_all(readings[:3])
+    at_once.add_all(readings[3:])
+    assert at_once == one_by_one
+    assert at_once.util_samples == 5 and at_once.util_max == 50.0 and at_once.temp_max_c == 90.0
+    assert (at_once.energy_first_mj, at_once.energy_last_mj) == (1001.0, 1005.0)
