@@ -35,7 +35,7 @@ def redis_url() -> str:
     url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+    except Exception as exc:
         service_missing(f"Redis at {url} ({exc})")
     return url
 
@@ -47,7 +47,7 @@ def docker_client():  # type: ignore[no-untyped-def]
     try:
         client = docker.from_env(timeout=30)
         client.ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         service_missing(f"the Docker engine ({exc})")
     return client
 
@@ -68,7 +68,8 @@ def make_user(db) -> Callable[..., object]:  # type: ignore[no-untyped-def]
     def make(username: str | None = None, *, is_staff: bool = False, password: str = "pw-for-tests"):  # type: ignore[no-untyped-def]
         counter["n"] += 1
         name = username or f"user{counter['n']}"
-        return get_user_model().objects.create_user(username=name, password=password, is_staff=is_staff,
-                                                    email=f"{name}@example.test")
+        return get_user_model().objects.create_user(
+            username=name, password=password, is_staff=is_staff, email=f"{name}@example.test"
+        )
 
     return make

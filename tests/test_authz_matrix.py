@@ -220,15 +220,29 @@ def _booking_refs(world: World) -> dict[str, object]:
     server(model, gpus=8)
     ledger_grant(project=world.project, amount=1000, actor=None, reason="matrix")
     owner = world.users["owner"]
-    future = services.reservation_create(project=world.project, name="future", spec=spec(model), window=window(),
-                                         container=CONTAINER, actor=owner)
-    done = services.reservation_create(project=world.project, name="done", spec=spec(model),
-                                       window=window(start_in=timedelta(hours=5)), container=CONTAINER, actor=owner)
-    services.reservation_finish(reservation=done, to=ReservationState.COMPLETED, ended_at=done.ends_at,
-                                actor_label="system:matrix", reason="matrix")
+    future = services.reservation_create(
+        project=world.project, name="future", spec=spec(model), window=window(), container=CONTAINER, actor=owner
+    )
+    done = services.reservation_create(
+        project=world.project,
+        name="done",
+        spec=spec(model),
+        window=window(start_in=timedelta(hours=5)),
+        container=CONTAINER,
+        actor=owner,
+    )
+    services.reservation_finish(
+        reservation=done,
+        to=ReservationState.COMPLETED,
+        ended_at=done.ends_at,
+        actor_label="system:matrix",
+        reason="matrix",
+    )
     start = timezone.now() + timedelta(hours=10)
     return {
-        "project_slug": world.project.slug, "reservation": future.public_id, "done": done.public_id,
+        "project_slug": world.project.slug,
+        "reservation": future.public_id,
+        "done": done.public_id,
         "entry": LedgerEntry.objects.filter(project=world.project).first().pk,
         "start": start.isoformat().replace("+00:00", "Z"),
         "end": (start + timedelta(hours=1)).isoformat().replace("+00:00", "Z"),
@@ -242,29 +256,53 @@ BOOKERS_WRITE = dict(owner=200, teammate=200, viewer=403, outsider=404, operator
 OPERATORS_WRITE = dict(owner=403, teammate=403, viewer=403, outsider=403, operator=200)
 RESERVATION = "/api/v1/reservations/{reservation}/"
 SPEC_QUERY = "gpu_model=H100-80GB&gpu_count=1"
-ROWS.extend([
-    row("GET", "/api/v1/reservations/", **ANY_USER),
-    row("POST", "/api/v1/reservations/", **BOOKERS_CREATE, body=lambda w: {
-        "project": "atlas", "name": "matrix", "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
-        "window": {"start": w.refs["start"], "end": w.refs["end"]}, "container": {"image": "img"}}),
-    row("GET", RESERVATION, **MEMBERS_READ),
-    row("POST", RESERVATION + "cancel/", body={"reason": "matrix"}, **BOOKERS_WRITE),
-    row("POST", RESERVATION + "release/", body={}, **BOOKERS_WRITE),
-    row("POST", RESERVATION + "extend/", body=lambda w: {"ends_at": w.refs["later"]}, **BOOKERS_WRITE),
-    row("GET", "/api/v1/availability/free/?" + SPEC_QUERY + "&start={start}&end={end}", **ANY_USER),
-    row("GET", "/api/v1/availability/earliest/?" + SPEC_QUERY + "&duration_hours=2", **ANY_USER),
-    row("GET", "/api/v1/availability/timeline/?start={start}&end={end}", **ANY_USER),
-    row("GET", "/api/v1/ledger/entries/", **ANY_USER),
-    row("GET", "/api/v1/ledger/entries/{entry}/", **MEMBERS_READ),
-    row("GET", "/api/v1/ledger/balances/", **ANY_USER),
-    row("GET", "/api/v1/ledger/balances/{project_slug}/", **MEMBERS_READ),
-    row("GET", "/api/v1/ledger/quotas/", **ANY_USER),
-    row("GET", "/api/v1/ledger/quotas/{project_slug}/", **MEMBERS_READ),
-    row("PATCH", "/api/v1/ledger/quotas/{project_slug}/", body={"max_concurrent_gpus": 8}, **OPERATORS_WRITE),
-    row("PUT", "/api/v1/ledger/quotas/{project_slug}/", body={"credits_per_period": "100"}, **OPERATORS_WRITE),
-    row("POST", "/api/v1/ledger/grants/", body={"project": "atlas", "amount": "5", "reason": "m"}, **OPERATORS_CREATE),
-    row("POST", "/api/v1/ledger/adjustments/", body={"project": "atlas", "amount": "-1", "reason": "m"},
-        **OPERATORS_CREATE),
-    row("POST", "/api/v1/ledger/refunds/", body=lambda w: {
-        "project": "atlas", "reservation": str(w.refs["done"]), "amount": "0.5", "reason": "m"}, **OPERATORS_CREATE),
-])
+ROWS.extend(
+    [
+        row("GET", "/api/v1/reservations/", **ANY_USER),
+        row(
+            "POST",
+            "/api/v1/reservations/",
+            **BOOKERS_CREATE,
+            body=lambda w: {
+                "project": "atlas",
+                "name": "matrix",
+                "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
+                "window": {"start": w.refs["start"], "end": w.refs["end"]},
+                "container": {"image": "img"},
+            },
+        ),
+        row("GET", RESERVATION, **MEMBERS_READ),
+        row("POST", RESERVATION + "cancel/", body={"reason": "matrix"}, **BOOKERS_WRITE),
+        row("POST", RESERVATION + "release/", body={}, **BOOKERS_WRITE),
+        row("POST", RESERVATION + "extend/", body=lambda w: {"ends_at": w.refs["later"]}, **BOOKERS_WRITE),
+        row("GET", "/api/v1/availability/free/?" + SPEC_QUERY + "&start={start}&end={end}", **ANY_USER),
+        row("GET", "/api/v1/availability/earliest/?" + SPEC_QUERY + "&duration_hours=2", **ANY_USER),
+        row("GET", "/api/v1/availability/timeline/?start={start}&end={end}", **ANY_USER),
+        row("GET", "/api/v1/ledger/entries/", **ANY_USER),
+        row("GET", "/api/v1/ledger/entries/{entry}/", **MEMBERS_READ),
+        row("GET", "/api/v1/ledger/balances/", **ANY_USER),
+        row("GET", "/api/v1/ledger/balances/{project_slug}/", **MEMBERS_READ),
+        row("GET", "/api/v1/ledger/quotas/", **ANY_USER),
+        row("GET", "/api/v1/ledger/quotas/{project_slug}/", **MEMBERS_READ),
+        row("PATCH", "/api/v1/ledger/quotas/{project_slug}/", body={"max_concurrent_gpus": 8}, **OPERATORS_WRITE),
+        row("PUT", "/api/v1/ledger/quotas/{project_slug}/", body={"credits_per_period": "100"}, **OPERATORS_WRITE),
+        row(
+            "POST",
+            "/api/v1/ledger/grants/",
+            body={"project": "atlas", "amount": "5", "reason": "m"},
+            **OPERATORS_CREATE,
+        ),
+        row(
+            "POST",
+            "/api/v1/ledger/adjustments/",
+            body={"project": "atlas", "amount": "-1", "reason": "m"},
+            **OPERATORS_CREATE,
+        ),
+        row(
+            "POST",
+            "/api/v1/ledger/refunds/",
+            body=lambda w: {"project": "atlas", "reservation": str(w.refs["done"]), "amount": "0.5", "reason": "m"},
+            **OPERATORS_CREATE,
+        ),
+    ]
+)

@@ -9,8 +9,14 @@ class DomainError(Exception):
     status_code = 400
     code = "invalid"
 
-    def __init__(self, message: str, *, code: str | None = None, fields: dict[str, list[str]] | None = None,
-                 extra: dict[str, object] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        fields: dict[str, list[str]] | None = None,
+        extra: dict[str, object] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code:

@@ -12,8 +12,8 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-USER_TOKEN = "gcp"
-JOIN_TOKEN = "gcj"
+USER_TOKEN = "gcp"  # noqa: S105 - a token kind prefix, not a secret
+JOIN_TOKEN = "gcj"  # noqa: S105 - a token kind prefix, not a secret
 NODE_CREDENTIAL = "gcn"
 
 

@@ -44,8 +44,9 @@ def flatten_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     return out
 
 
-def error_body(code: str, message: str, fields: dict[str, list[str]] | None = None,
-               extra: dict[str, object] | None = None) -> dict[str, Any]:
+def error_body(
+    code: str, message: str, fields: dict[str, list[str]] | None = None, extra: dict[str, object] | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message, "fields": fields or {}}
     if extra:
         body.update(extra)
