@@ -1,8 +1,8 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-api_v1 = [
+api_v1: list[URLPattern | URLResolver] = [
     path("", include("controlplane.inventory.api.urls")),
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.accounts.api.urls")),

@@ -152,15 +152,15 @@ def rollup_hour(*, hour: datetime, upto: datetime) -> int:
     models = dict(Gpu.objects.filter(pk__in={gpu_id for gpu_id, _ in accs}).values_list("pk", "model_id"))
     rows = []
     for (gpu_id, _), acc in sorted(accs.items(), key=lambda item: (item[0][0], item[0][1] or 0)):
-        held = acc.held
+        acc_held = acc.held
         rows.append(
             GpuUsageHour(
                 gpu_id=gpu_id,
                 hour=hour,
                 gpu_model_id=models[gpu_id],
-                project_id=held.project_id if held else None,
-                reservation_id=held.reservation_id if held else None,
-                user_id=held.user_id if held else None,
+                project_id=acc_held.project_id if acc_held else None,
+                reservation_id=acc_held.reservation_id if acc_held else None,
+                user_id=acc_held.user_id if acc_held else None,
                 minutes=acc.minutes,
                 util_minutes=acc.util_minutes,
                 util_mean=acc.util_sum / acc.util_minutes if acc.util_minutes else None,

@@ -128,14 +128,13 @@ def _group_expr(group_by: str) -> Any:
         return TruncDay("hour")
     if group_by == Bucket.HOUR:
         return TruncHour("hour")
-    return F(
-        {
-            GroupBy.USER: "user_id",
-            GroupBy.GPU_MODEL: "gpu_model_id",
-            GroupBy.RESERVATION: "reservation_id",
-            FleetGroupBy.PROJECT: "project_id",
-        }[group_by]
-    )
+    columns: dict[str, str] = {
+        GroupBy.USER: "user_id",
+        GroupBy.GPU_MODEL: "gpu_model_id",
+        GroupBy.RESERVATION: "reservation_id",
+        FleetGroupBy.PROJECT: "project_id",
+    }
+    return F(columns[group_by])
 
 
 def _labels(group_by: str, keys: set[Any]) -> dict[Any, tuple[str, str]]:
@@ -156,8 +155,8 @@ def _labels(group_by: str, keys: set[Any]) -> dict[Any, tuple[str, str]]:
     if group_by == GroupBy.RESERVATION:
         rows = Reservation.objects.filter(pk__in=ids).values_list("pk", "public_id", "name")
         return {pk: (str(public_id), name) for pk, public_id, name in rows}
-    rows = Project.objects.filter(pk__in=ids).values_list("pk", "slug", "name")
-    out = {pk: (slug, name) for pk, slug, name in rows}
+    projects = Project.objects.filter(pk__in=ids).values_list("pk", "slug", "name")
+    out = {pk: (slug, name) for pk, slug, name in projects}
     out[None] = ("", "(not held)")
     return out
 
@@ -176,7 +175,7 @@ def _aggregate(*, slices: QuerySet[UsageSlice], hours: QuerySet[GpuUsageHour], g
         row.used_s += r["used"] or 0.0
         row.credits += r["credits"] or ZERO
         row.costs[r["currency"]] = row.costs.get(r["currency"], ZERO) + (r["cost"] or ZERO)
-    for r in (
+    for h in (
         hours.annotate(g=group)
         .values("g")
         .order_by()
@@ -188,12 +187,12 @@ def _aggregate(*, slices: QuerySet[UsageSlice], hours: QuerySet[GpuUsageHour], g
             uweighted=Sum(F("util_mean") * Cast("util_minutes", FloatField())),
         )
     ):
-        row = rows[r["g"]]
-        row.held_s += r["held"] or 0.0
-        row.idle_s += r["idle"] or 0.0
-        row.energy_wh += r["energy"] or 0.0
-        row.util_minutes += r["umin"] or 0
-        row.util_weighted += r["uweighted"] or 0.0
+        row = rows[h["g"]]
+        row.held_s += h["held"] or 0.0
+        row.idle_s += h["idle"] or 0.0
+        row.energy_wh += h["energy"] or 0.0
+        row.util_minutes += h["umin"] or 0
+        row.util_weighted += h["uweighted"] or 0.0
     return rows
 
 

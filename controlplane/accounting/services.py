@@ -50,6 +50,7 @@ def launch_intervals(*, reservation: Reservation, until: datetime) -> dict[str, 
     """
     out: dict[str, list[Interval]] = defaultdict(list)
     for launch in Launch.objects.filter(reservation=reservation, started_at__isnull=False).order_by("id"):
+        assert launch.started_at is not None  # filtered on started_at__isnull=False
         start = max(launch.started_at, reservation.starts_at)
         end = min(launch.finished_at or until, reservation.ends_at)
         if end > start:

@@ -11,7 +11,7 @@ import mimetypes
 from pathlib import Path
 
 from django.conf import settings
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import re_path
 from django.views.decorators.http import require_safe
 
@@ -52,14 +52,14 @@ def spa_asset(request: HttpRequest, path: str) -> FileResponse:
 
 
 @require_safe
-def spa_index(request: HttpRequest, path: str = "") -> HttpResponse:
+def spa_index(request: HttpRequest, path: str = "") -> HttpResponseBase:
     # Top-level files of the build (favicon.svg, robots.txt) are served as themselves.
     if path and "/" not in path:
         found = _file_in_dist(path)
         if found is not None and found.name != "index.html":
-            response = FileResponse(found.open("rb"), content_type=mimetypes.guess_type(found.name)[0])
-            response["Cache-Control"] = "public, max-age=3600"
-            return response
+            file_response = FileResponse(found.open("rb"), content_type=mimetypes.guess_type(found.name)[0])
+            file_response["Cache-Control"] = "public, max-age=3600"
+            return file_response
     index = _file_in_dist("index.html")
     if index is None:
         response = HttpResponse(NOT_BUILT, status=503, content_type="text/html; charset=utf-8")

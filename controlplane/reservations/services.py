@@ -154,7 +154,7 @@ def _place_and_allocate(
         if taken:
             exclude |= taken
             continue
-        gpus = [locked[gid] for gid in sorted(locked)]
+        gpus: list[Gpu] = [locked[gid] for gid in sorted(locked)]
         allocations = [
             Allocation(reservation=reservation, gpu=gpu, starts_at=window.starts_at, ends_at=window.ends_at)
             for gpu in gpus
@@ -503,7 +503,10 @@ def reservation_mark(
 
 
 def _used_credits(
-    reservation: Reservation, *, ended_at: datetime, used_gpu_seconds_by_gpu: Mapping[int | str, float] | None
+    reservation: Reservation,
+    *,
+    ended_at: datetime,
+    used_gpu_seconds_by_gpu: Mapping[int, float] | Mapping[str, float] | None,
 ) -> tuple[Decimal, dict[str, Any]]:
     allocations = list(reservation.allocations.select_related("gpu__model"))
     if used_gpu_seconds_by_gpu is None:
@@ -536,7 +539,7 @@ def reservation_finish(
     ended_at: datetime,
     actor_label: str,
     reason: str,
-    used_gpu_seconds_by_gpu: Mapping[int | str, float] | None = None,
+    used_gpu_seconds_by_gpu: Mapping[int, float] | Mapping[str, float] | None = None,
     used_credits: Decimal | None = None,
     actor: Any = None,
 ) -> bool:

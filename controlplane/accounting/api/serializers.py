@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rest_framework import serializers
 
 from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy, Period
 from controlplane.accounting.models import MonthlyStatement, UsageRecord
 from controlplane.accounting.timeutil import is_on_the_hour, month_start, next_month, utc
+
+if TYPE_CHECKING:
+    from controlplane.accounts.models import Project
 
 MAX_RANGE = timedelta(days=400)
 
@@ -74,7 +77,7 @@ class TimeseriesQuerySerializer(RangeQuerySerializer):
 
 class ReportRowSerializer(serializers.Serializer):
     key = serializers.CharField()
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # a field named like Field.label
     booked_gpu_hours = serializers.FloatField()
     used_gpu_hours = serializers.FloatField()
     held_gpu_hours = serializers.FloatField()
@@ -108,7 +111,7 @@ class TimeseriesPointSerializer(serializers.Serializer):
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):
-    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    project: serializers.SlugRelatedField[Project] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     reservation = serializers.UUIDField(source="reservation.public_id", read_only=True)
     gpu = serializers.CharField(source="gpu.uuid", read_only=True)
     gpu_model = serializers.CharField(source="gpu_model.name", read_only=True)
@@ -138,7 +141,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):
 
 
 class StatementSerializer(serializers.ModelSerializer):
-    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    project: serializers.SlugRelatedField[Project] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:
         model = MonthlyStatement

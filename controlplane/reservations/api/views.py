@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from drf_spectacular.utils import extend_schema
@@ -24,6 +24,9 @@ from controlplane.reservations.api.serializers import (
 from controlplane.reservations.filters import ReservationFilter
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.selectors import reservations_visible_to
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 def _require_booking_role(user: Any, project_id: int) -> None:
@@ -75,7 +78,9 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
                 .filter(slug=slug)
                 .annotate(
                     caller_role=Subquery(
-                        Membership.objects.filter(project=OuterRef("pk"), user=request.user).values("role")[:1]
+                        Membership.objects.filter(project=OuterRef("pk"), user=cast("User", request.user)).values(
+                            "role"
+                        )[:1]
                     )
                 )
                 .first()
