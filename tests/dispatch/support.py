@@ -208,10 +208,16 @@ def celery_broker(url: str, transport_options: dict[str, Any]) -> Iterator[None]
     before = (conf.broker_url, conf.broker_transport_options, conf.task_always_eager)
 
     def fresh_pools() -> None:
+        from kombu import pools
+
         if app._pool is not None:
             app._pool.force_close_all()
         app._pool = None
         app.amqp._producer_pool = None
+        # kombu keeps producer pools in a process-wide registry keyed by connection: without a reset, the app
+        # would get back the pool closed above ("Acquire on closed pool"), even in eager mode, which acquires a
+        # producer too, and every later test in this process would lose its pushes.
+        pools.reset()
 
     fresh_pools()
     conf.broker_url, conf.broker_transport_options, conf.task_always_eager = url, transport_options, False
