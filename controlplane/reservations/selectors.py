@@ -197,7 +197,8 @@ def _gap_rows(spec: GpuSpec, *, now: datetime, last_start: datetime, duration: t
                     OR x.a >= GREATEST(COALESCE(x.prev_b, %s), %s) + %s - INTERVAL '1 millisecond')
         """  # noqa: S608 - the only interpolated SQL is the ORM's own; values are parameters
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*gpus_params, horizon_end, start, start, start, duration])
+            values: list[Any] = [*gpus_params, horizon_end, start, start, start, duration]
+            cursor.execute(sql, values)
             return cursor.fetchall()
     t0, d = now.timestamp(), duration.total_seconds()
 
@@ -301,7 +302,7 @@ def _earliest_by_server(
         LEFT JOIN earliest f ON true
         LEFT JOIN sizes s ON s.c_server = f.c_server
     """  # noqa: S608 - the only interpolated SQL is the ORM's own; values are parameters
-    params = dict(h=horizon_end, now=start, dur=duration, t0=t0, tl=t_last, d=d, n=spec.gpu_count or 1)
+    params: dict[str, Any] = dict(h=horizon_end, now=start, dur=duration, t0=t0, tl=t_last, d=d, n=spec.gpu_count or 1)
     with connection.cursor() as cursor:
         # The ORM's SQL uses positional placeholders; name them so the query can use its values by name.
         named = gpus_sql
