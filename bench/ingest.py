@@ -27,7 +27,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,8 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlparse
+
+from _common import free_port, fresh_database, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_ingest"
@@ -44,41 +44,6 @@ COPY_BATCH = 10_000
 COPY_MIN_SECONDS = 3.0
 
 Row = tuple[str, datetime, float, float, float, float, float]
-
-
-def fresh_database(url: str) -> None:
-    """The bench owns its database: dropped and made again, so every run starts from the same empty schema."""
-    import psycopg
-
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    if not name.startswith("bench"):
-        raise SystemExit(f"refusing to drop {name!r}: the bench database's name must start with 'bench'")
-    admin = parsed._replace(path="/postgres", scheme="postgresql").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"gunicorn exited with {proc.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit("gunicorn did not come up")
 
 
 def sample_rows(hostname: str, gpus: int, seconds: int, start: datetime, beat: int) -> list[Row]:
