@@ -95,6 +95,12 @@ def portal_is_stale(frontend: Path) -> bool:
     return False
 
 
+def celery_loglevel() -> str:
+    """The worker's and beat's log level. Dispatch's reconcilers run every second, so at INFO a line per task
+    would drown the rest of the output; RUNSYSTEM_CELERY_LOGLEVEL=INFO shows them."""
+    return (os.environ.get("RUNSYSTEM_CELERY_LOGLEVEL") or "WARNING").upper()
+
+
 def docker_engine() -> tuple[bool, str]:
     """Whether a Docker engine answers here, and a word on why not.
 
@@ -243,7 +249,7 @@ class Command(BaseCommand):
     @staticmethod
     def worker_argv() -> list[str]:
         argv = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
-                "--concurrency", "4", "--loglevel", "INFO", "--hostname", "runsystem@%h"]  # fmt: skip
+                "--concurrency", "4", "--loglevel", celery_loglevel(), "--hostname", "runsystem@%h"]  # fmt: skip
         if not settings.REDIS_URL:
             # Gossip and mingle poll the broker for other workers; on the filesystem broker with one worker
             # they only slow the start and fill var/broker.
@@ -252,7 +258,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def beat_argv() -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO",
+        return [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", celery_loglevel(),
                 "--schedule", str(settings.CELERY_BEAT_SCHEDULE_FILENAME)]  # fmt: skip
 
     @staticmethod
