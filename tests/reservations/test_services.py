@@ -320,3 +320,25 @@ def test_a_booking_starting_now_is_handed_to_dispatch_when_it_commits(django_cap
     assert callbacks, "the booking registered no dispatch on commit"
     enqueue.assert_called_once()
     assert enqueue.call_args.kwargs["args"] == [r.pk]
+
+
+def test_a_fresh_booking_reads_like_one_loaded_from_the_database():
+    """reservation_create fills the allocation and event caches; querying through them still works."""
+    from django.utils import timezone as tz
+
+    from controlplane.reservations.models import Allocation
+    from controlplane.reservations.specs import Window
+    from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec
+
+    model = gpu_model()
+    server(model, gpus=4)
+    start = tz.now() + timedelta(hours=1)
+    r = services.reservation_create(
+        project=project(), name="r", spec=spec(model, count=2), container=CONTAINER, actor=None,
+        window=Window(start, start + timedelta(hours=1)),
+    )  # fmt: skip
+    cached = sorted(a.gpu_id for a in r.allocations.all())
+    assert cached == sorted(r.allocations.values_list("gpu_id", flat=True))
+    assert cached == sorted(Allocation.objects.filter(reservation=r).values_list("gpu_id", flat=True))
+    assert r.allocations.filter(active=True).count() == 2
+    assert [e.to_state for e in r.events.all()] == [e.to_state for e in r.events.order_by("at", "id")]
