@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def fresh_database(url: str) -> None:
@@ -44,3 +50,28 @@ def wait_for(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> N
             pass
         time.sleep(0.2)
     raise SystemExit("gunicorn did not come up")
+
+
+def django_on_fresh_database(script: str, default_url: str, **extra_env: str) -> tuple[str, dict[str, str]]:
+    """Point this process (and the web servers it starts) at a fresh PostgreSQL database and set Django up.
+
+    Returns the database URL and the environment for child processes."""
+    url = os.environ.get("DATABASE_URL") or default_url
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit(f"bench/{script}.py measures PostgreSQL: set DATABASE_URL to a postgres:// URL")
+    fresh_database(url)
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "CONTROLPLANE_VAR_DIR": tempfile.mkdtemp(prefix=f"bench-{script}-"),
+        "LOG_LEVEL": "WARNING",
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "PYTHONPATH": str(ROOT),
+        **extra_env,
+    }
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    return url, env

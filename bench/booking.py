@@ -23,14 +23,13 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from _common import free_port, fresh_database, wait_for
+from _common import django_on_fresh_database, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
@@ -301,26 +300,7 @@ def main() -> None:
     parser.add_argument("--search-allocations", type=int, default=50_000)
     args = parser.parse_args()
 
-    url = os.environ.get("DATABASE_URL") or DEFAULT_URL
-    if not url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("bench/booking.py measures PostgreSQL: set DATABASE_URL to a postgres:// URL")
-    fresh_database(url)
-    var_dir = tempfile.mkdtemp(prefix="bench-booking-")
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "CONTROLPLANE_VAR_DIR": var_dir,
-        "LOG_LEVEL": "WARNING",
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "PYTHONPATH": str(ROOT),
-        "API_THROTTLE_USER": "10000000/min",
-    }
-    os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
-
-    import django
-
-    django.setup()
+    url, env = django_on_fresh_database("booking", DEFAULT_URL, API_THROTTLE_USER="10000000/min")
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection

@@ -30,13 +30,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from _common import free_port, fresh_database, wait_for
+from _common import django_on_fresh_database, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_ingest"
@@ -258,25 +257,7 @@ def main() -> None:
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
 
-    url = os.environ.get("DATABASE_URL") or DEFAULT_URL
-    if not url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("bench/ingest.py measures PostgreSQL: set DATABASE_URL to a postgres:// URL")
-    fresh_database(url)
-    var_dir = tempfile.mkdtemp(prefix="bench-ingest-")
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "CONTROLPLANE_VAR_DIR": var_dir,
-        "LOG_LEVEL": "WARNING",
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "PYTHONPATH": str(ROOT),
-    }
-    os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
-
-    import django
-
-    django.setup()
+    url, env = django_on_fresh_database("ingest", DEFAULT_URL)
     from django.core.management import call_command
     from django.db import connection
 
