@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
@@ -116,44 +117,37 @@ class QuotaPolicyViewSet(
 
 
 class _OperatorMove(APIView):
+    """An operator's ledger entry: validate ``input_class``, call ``move`` with the caller as actor, 201."""
+
     permission_classes = [IsAuthenticated, IsOperator]
     input_class: type = GrantSerializer
+    move: Callable[..., LedgerEntry] = staticmethod(services.ledger_grant)
 
-    def _entry(self, entry: LedgerEntry) -> Response:
+    def post(self, request: Request) -> Response:
+        s = self.input_class(data=request.data)
+        s.is_valid(raise_exception=True)
+        entry = self.move(actor=request.user, **s.validated_data)
         return Response(LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
 
 
+def _documented(request: type, summary: str) -> Any:
+    return extend_schema_view(post=extend_schema(request=request, responses={201: LedgerEntrySerializer},
+                                                 summary=summary))  # fmt: skip
+
+
+@_documented(GrantSerializer, "Grant credits to a project (operators)")
 class GrantView(_OperatorMove):
-    @extend_schema(
-        request=GrantSerializer,
-        responses={201: LedgerEntrySerializer},
-        summary="Grant credits to a project (operators)",
-    )
-    def post(self, request: Request) -> Response:
-        s = GrantSerializer(data=request.data)
-        s.is_valid(raise_exception=True)
-        return self._entry(services.ledger_grant(actor=request.user, **s.validated_data))
+    input_class = GrantSerializer
+    move = staticmethod(services.ledger_grant)
 
 
+@_documented(AdjustSerializer, "Adjust a project's credits, either sign (operators)")
 class AdjustView(_OperatorMove):
-    @extend_schema(
-        request=AdjustSerializer,
-        responses={201: LedgerEntrySerializer},
-        summary="Adjust a project's credits, either sign (operators)",
-    )
-    def post(self, request: Request) -> Response:
-        s = AdjustSerializer(data=request.data)
-        s.is_valid(raise_exception=True)
-        return self._entry(services.ledger_adjust(actor=request.user, **s.validated_data))
+    input_class = AdjustSerializer
+    move = staticmethod(services.ledger_adjust)
 
 
+@_documented(RefundSerializer, "Refund credits charged for a reservation (operators)")
 class RefundView(_OperatorMove):
-    @extend_schema(
-        request=RefundSerializer,
-        responses={201: LedgerEntrySerializer},
-        summary="Refund credits charged for a reservation (operators)",
-    )
-    def post(self, request: Request) -> Response:
-        s = RefundSerializer(data=request.data)
-        s.is_valid(raise_exception=True)
-        return self._entry(services.ledger_refund(actor=request.user, **s.validated_data))
+    input_class = RefundSerializer
+    move = staticmethod(services.ledger_refund)
