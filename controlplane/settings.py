@@ -166,6 +166,9 @@ SPECTACULAR_SETTINGS = {
     "SCHEMA_PATH_PREFIX": r"/api/v1",
 }
 
+# Read here: the beat schedule below looks for lost servers once per heartbeat interval.
+FLEET_HEARTBEAT_INTERVAL_S = env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1)
+
 # --- Celery ---------------------------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
@@ -195,7 +198,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "fleet-detect-lost-servers": {
         "task": "controlplane.fleet.tasks.detect_lost_servers",
-        "schedule": env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1),
+        "schedule": FLEET_HEARTBEAT_INTERVAL_S,
     },
     "fleet-prune-telemetry": {"task": "controlplane.fleet.tasks.prune_telemetry", "schedule": 3600.0},
     "core-prune-idempotency-records": {"task": "controlplane.core.tasks.prune_idempotency_records", "schedule": 3600.0},
@@ -240,7 +243,6 @@ DISPATCH_PUSH_TIMEOUT_S = env_float("DISPATCH_PUSH_TIMEOUT_S", 3.0, minimum=0.1)
 DISPATCH_REQUEUE_MIN_S = env_int("DISPATCH_REQUEUE_MIN_S", 5, minimum=0)
 
 # --- Fleet ----------------------------------------------------------------------------------------------
-FLEET_HEARTBEAT_INTERVAL_S = env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimum=0.1)
 # A server is offline once this many heartbeat intervals pass without one.
 FLEET_OFFLINE_AFTER_INTERVALS = env_int("FLEET_OFFLINE_AFTER_INTERVALS", 3, minimum=1)
 FLEET_GPU_TEMP_LIMIT_C = env_float("FLEET_GPU_TEMP_LIMIT_C", 90.0)
