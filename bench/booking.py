@@ -2,6 +2,7 @@
 earliest-window search on a large fleet.
 
     .venv/bin/python bench/booking.py [--seconds 15] [--clients 8] [--workers 2] [--threads 4] [--searches 60]
+                             [--phases api,raw,search]
 
 DATABASE_URL (default postgres://postgres@127.0.0.1:5432/bench_booking) must be PostgreSQL; the database is
 dropped and created afresh on every run, as ledger entries cannot be deleted.
@@ -263,8 +264,8 @@ def phase_search(args: argparse.Namespace) -> dict[str, float]:
     from django.utils import timezone
 
     from controlplane.inventory.models import GpuModel
-    from controlplane.reservations.selectors import earliest_window
     from controlplane.reservations.specs import GpuSpec
+    from controlplane.reservations.windows import earliest_window
 
     model = GpuModel.objects.get(name=SEARCH_MODEL)
     rng = random.Random(7)
@@ -298,7 +299,14 @@ def main() -> None:
     parser.add_argument("--searches", type=int, default=60)
     parser.add_argument("--search-servers", type=int, default=1000)
     parser.add_argument("--search-allocations", type=int, default=50_000)
+    parser.add_argument(
+        "--phases", default="api,raw,search", help="which phases to run, of api, raw and search (comma-separated)"
+    )
     args = parser.parse_args()
+    phases = {p.strip() for p in args.phases.split(",") if p.strip()}
+    unknown = phases - {"api", "raw", "search"}
+    if unknown or not phases:
+        parser.error(f"--phases: unknown phase(s) {sorted(unknown)}; choose from api, raw, search")
 
     url, env = django_on_fresh_database("booking", DEFAULT_URL, API_THROTTLE_USER="10000000/min")
     from django.contrib.auth import get_user_model
@@ -321,8 +329,10 @@ def main() -> None:
     issued = tokens.issue(tokens.USER_TOKEN)
     ApiToken.objects.create(user=user, name="bench", lookup=issued.lookup, digest=issued.digest)
     build_fleet(API_MODEL, 64, 8, "api")
-    search_gpus = build_fleet(SEARCH_MODEL, args.search_servers, 8, "fleet")
-    filled = fill_allocations(projects[0].pk, search_gpus, args.search_allocations, 7, seed=1)
+    filled = 0
+    if "search" in phases:
+        search_gpus = build_fleet(SEARCH_MODEL, args.search_servers, 8, "fleet")
+        filled = fill_allocations(projects[0].pk, search_gpus, args.search_allocations, 7, seed=1)
     with connection.cursor() as cursor:
         # What autovacuum would have done by now on a live database: statistics and the visibility map.
         cursor.execute("VACUUM ANALYZE")
@@ -336,40 +346,47 @@ def main() -> None:
     )
 
     slugs = [p.slug for p in projects]
-    api = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=False)
-    print(f"API phase without Idempotency-Key done; {load()}", flush=True)
-    keyed = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=True)
-    print(f"API phase with Idempotency-Key done; {load()}", flush=True)
-    raw = phase_raw(url, args)
-    print(f"raw INSERT phase done; {load()}", flush=True)
-    search = phase_search(args)
-    print(f"search phase done; {load()}", flush=True)
+    api = keyed = raw = search = None
+    if "api" in phases:
+        api = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=False)
+        print(f"API phase without Idempotency-Key done; {load()}", flush=True)
+        keyed = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=True)
+        print(f"API phase with Idempotency-Key done; {load()}", flush=True)
+    if "raw" in phases or "api" in phases:  # the API figures mean nothing without their baseline
+        raw = phase_raw(url, args)
+        print(f"raw INSERT phase done; {load()}", flush=True)
+    if "search" in phases:
+        search = phase_search(args)
+        print(f"search phase done; {load()}", flush=True)
 
     print()
-    print(f"{'path':<50} {'ok':>8} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-    for label, result in (
-        ("API: POST /api/v1/reservations", api),
-        ("API: the same with an Idempotency-Key", keyed),
-    ):
+    if raw is not None:
+        print(f"{'path':<50} {'ok':>8} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+        rows = (("API: POST /api/v1/reservations", api), ("API: the same with an Idempotency-Key", keyed))
+        for label, result in rows:
+            if result is not None:
+                print(
+                    f"{label:<50} {result['created']:>8,.0f} {result['rate']:>9,.1f} "
+                    f"{result['p50']:>8.1f} {result['p99']:>8.1f}"
+                )
         print(
-            f"{label:<50} {result['created']:>8,.0f} {result['rate']:>9,.1f} "
-            f"{result['p50']:>8.1f} {result['p99']:>8.1f}"
+            f"{'raw INSERT, exclusion-constrained (baseline)':<50} {raw['created']:>8,.0f} {raw['rate']:>9,.1f} "
+            f"{raw['p50']:>8.2f} {raw['p99']:>8.2f}"
         )
-    print(
-        f"{'raw INSERT, exclusion-constrained (baseline)':<50} {raw['created']:>8,.0f} {raw['rate']:>9,.1f} "
-        f"{raw['p50']:>8.2f} {raw['p99']:>8.2f}"
-    )
-    print()
-    for label, result in (("without key", api), ("with key", keyed)):
-        ratio = result["rate"] / raw["rate"] if raw["rate"] else 0.0
+        print()
+        for label, result in (("without key", api), ("with key", keyed)):
+            if result is None:
+                continue
+            ratio = result["rate"] / raw["rate"] if raw["rate"] else 0.0
+            print(
+                f"API {label}: {ratio:.1%} of raw (goal >= 10%), p99 {result['p99']:.1f} ms (goal < 50 ms); "
+                f"409s (no capacity) {result['conflict']:,.0f}, other errors {result['errors']:,.0f}"
+            )
+    if search is not None:
         print(
-            f"API {label}: {ratio:.1%} of raw (goal >= 10%), p99 {result['p99']:.1f} ms (goal < 50 ms); "
-            f"409s (no capacity) {result['conflict']:,.0f}, other errors {result['errors']:,.0f}"
+            f"earliest-window search, {search['n']} queries ({search['found']} found): p50 {search['p50']:.1f} ms, "
+            f"p95 {search['p95']:.1f} ms (goal < 100 ms), max {search['max']:.1f} ms"
         )
-    print(
-        f"earliest-window search, {search['n']} queries ({search['found']} found): p50 {search['p50']:.1f} ms, "
-        f"p95 {search['p95']:.1f} ms (goal < 100 ms), max {search['max']:.1f} ms"
-    )
     print(f"machine: {os.cpu_count()} CPUs, {load()}")
 
 

@@ -6,8 +6,9 @@ import pytest
 from django.utils import timezone
 
 from controlplane.reservations import services
-from controlplane.reservations.selectors import earliest_window, free_for, timeline
+from controlplane.reservations.selectors import free_for, timeline
 from controlplane.reservations.specs import Window
+from controlplane.reservations.windows import earliest_window
 from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec
 
 pytestmark = pytest.mark.django_db

@@ -12,8 +12,8 @@ from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu
 from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Allocation, Reservation
-from controlplane.reservations.selectors import earliest_window
 from controlplane.reservations.specs import GpuSpec
+from controlplane.reservations.windows import earliest_window
 from tests.reservations.earliest_reference import reference_earliest_window
 from tests.reservations.fleet import gpu_model, project, server
 

@@ -13,8 +13,8 @@ from django.utils import timezone
 from controlplane.inventory.models import Gpu
 from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Allocation, Reservation
-from controlplane.reservations.selectors import earliest_window
 from controlplane.reservations.specs import GpuSpec
+from controlplane.reservations.windows import earliest_window
 from tests.reservations.fleet import gpu_model, project, server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]

@@ -19,8 +19,9 @@ from controlplane.inventory.models import Gpu, GpuModel
 from controlplane.reservations.api.fields import StartField
 from controlplane.reservations.api.serializers import SpecSerializer, spec_from
 from controlplane.reservations.models import Reservation
-from controlplane.reservations.selectors import earliest_window, free_for, timeline
+from controlplane.reservations.selectors import free_for, timeline
 from controlplane.reservations.specs import Window
+from controlplane.reservations.windows import earliest_window
 
 MAX_TIMELINE_DAYS = 62
 
