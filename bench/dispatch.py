@@ -212,7 +212,7 @@ def bench_dispatch(client: Any, url: str, args: argparse.Namespace) -> tuple[lis
 
 
 def bench_bare(client: Any, *, count: int, parallel: int) -> list[float]:
-    from nodeagent.runtime.docker import parse_docker_time
+    from nodeagent.runtime.containers import parse_docker_time
     from nodeagent.runtime.localimage import DEFAULT_TAG
 
     def one(_: int) -> float:

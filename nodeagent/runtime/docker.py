@@ -17,11 +17,9 @@ See docs/runtime.md.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import time
@@ -31,7 +29,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
@@ -39,22 +37,24 @@ from docker.models.containers import Container
 from requests.exceptions import RequestException
 
 from nodeagent import schema
+from nodeagent.runtime.containers import (
+    ERROR_CHARS,
+    LABEL_GPUS,
+    LABEL_GRACE,
+    LABEL_LAUNCH,
+    LABEL_NODE,
+    LABEL_RESERVATION,
+    Launch,
+    container_name,
+    create_args,
+    detect_nvidia_runtime,
+    iso,
+    launch_report,
+    safe_id,
+)
 
 log = logging.getLogger(__name__)
 
-LABEL_LAUNCH = "gpucp.launch_id"
-LABEL_RESERVATION = "gpucp.reservation"
-LABEL_PROJECT = "gpucp.project"
-LABEL_GPUS = "gpucp.gpus"
-LABEL_WINDOW_END = "gpucp.window_end"
-LABEL_GRACE = "gpucp.stop_grace_s"
-LABEL_NODE = "gpucp.node"
-
-MOUNT_POINT = "/run/gpucp"
-WARN_FILE = f"{MOUNT_POINT}/warning"
-LOG_TAIL_LINES = 50
-LOG_TAIL_CHARS = 16000
-ERROR_CHARS = 2000
 CONFLICT_WAIT_S = 10.0
 # How long before its window a launch's container is created (not started).
 PREPARE_AHEAD_S = 30.0
@@ -65,51 +65,9 @@ MAX_START_WAIT_S = 30.0
 LIVE_STATES = frozenset({"created", "running", "paused", "restarting"})
 SIGNALLABLE_STATES = frozenset({"running", "paused", "restarting"})
 
-ReportState = Literal["pending", "creating", "running", "stopping", "exited", "failed", "missing"]
-
-_NAME_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_DOCKER_NULL_TIME = "0001-01-01T00:00:00Z"
-
-
-def container_name(launch_id: str) -> str:
-    """The container's name, derived from the launch so a redelivered launch collides instead of duplicating."""
-    return f"gpucp-{_safe_id(launch_id)}"
-
-
-def _safe_id(launch_id: str) -> str:
-    # Docker names and our directory names allow a narrow alphabet; any other id maps to a stable digest.
-    if _NAME_SAFE.match(launch_id):
-        return launch_id
-    return "h" + hashlib.sha256(launch_id.encode()).hexdigest()[:32]
-
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def parse_docker_time(value: str | None) -> datetime | None:
-    """Docker writes RFC 3339 with nanoseconds; the zero time means "never"."""
-    if not value or value.startswith("0001-01-01"):
-        return None
-    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", value)
-    if not m:
-        return None
-    base, frac, tz = m.groups()
-    text = base + (f".{(frac or '0')[:6].ljust(6, '0')}") + ("+00:00" if tz == "Z" else tz)
-    return datetime.fromisoformat(text)
-
-
-def _iso(ts: datetime) -> str:
-    return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def detect_nvidia_runtime(client: docker.DockerClient) -> bool:
-    """True when the engine lists the NVIDIA container runtime."""
-    try:
-        runtimes = client.info().get("Runtimes") or {}
-    except (DockerException, RequestException):
-        return False
-    return "nvidia" in runtimes
 
 
 @dataclass
@@ -121,38 +79,6 @@ class _Outcome:
     # The container is gone (removed by the worker after a refused start, or by someone else).
     gone: bool = False
     started: bool = False
-
-
-@dataclass
-class _Launch:
-    """What the runtime knows about one launch, rebuilt from Docker and the launch directory on adoption."""
-
-    launch_id: str
-    reservation: str
-    gpu_uuids: list[str]
-    stop_grace_s: int = 30
-    container: Container | None = None
-    desired: schema.DesiredContainer | None = None
-    # A launch failure that will not heal by retrying (image missing, start refused, window over).
-    final_failure: str | None = None
-    # A refusal that may heal on a later reconcile (the GPU is still held by the previous container).
-    blocked: str | None = None
-    # The window end the warning was sent for: an extended window earns a new warning before its new end.
-    warned_for: str | None = None
-    stop_deadline: datetime | None = None
-    killed: bool = False
-    terminal_reports: int = 0
-    final: schema.ContainerReport | None = None
-    removed: bool = False
-    missing: bool = False
-    # Created ahead of its window and not yet asked to start: reported pending, not creating.
-    prepared: bool = False
-
-    @property
-    def status(self) -> str | None:
-        if self.container is None:
-            return None
-        return str(self.container.attrs.get("State", {}).get("Status") or self.container.status)
 
 
 class DockerRuntime:
@@ -184,7 +110,7 @@ class DockerRuntime:
         self.client = client if client is not None else docker.from_env(timeout=30)
         self.node = node or socket.gethostname()
         self.state_dir = Path(state_dir)
-        self.launch_root = self.state_dir / "launches" / _safe_id(self.node)
+        self.launch_root = self.state_dir / "launches" / safe_id(self.node)
         self.launch_root.mkdir(parents=True, exist_ok=True)
         self.numa_cpus = dict(numa_cpus or {})
         self._gpu_numa = gpu_numa
@@ -195,7 +121,7 @@ class DockerRuntime:
         self.remove_after_reports = max(1, remove_after_reports)
         self.clock = clock
         self.prepare_ahead = timedelta(seconds=max(0.0, prepare_ahead_s))
-        self._launches: dict[str, _Launch] = {}
+        self._launches: dict[str, Launch] = {}
         self._version: str | None = None
         # Creates and starts in flight, by launch id. Only the reconciling thread reads or changes this dict
         # and the launches; the workers only talk to the engine and return an _Outcome.
@@ -239,7 +165,7 @@ class DockerRuntime:
             if status in LIVE_STATES:
                 if launch.desired is None or now >= launch.desired.window_end:
                     self._begin_stop(launch, now)
-                elif launch.warned_for != _iso(launch.desired.window_end) and now >= self._warn_at(launch.desired):
+                elif launch.warned_for != iso(launch.desired.window_end) and now >= self._warn_at(launch.desired):
                     self._warn(launch, now)
             if launch.stop_deadline is not None and now >= launch.stop_deadline and status in SIGNALLABLE_STATES:
                 self._kill(launch)
@@ -299,7 +225,7 @@ class DockerRuntime:
                 # A hiccup of the engine must not cost the heartbeat its report: say what was last seen.
                 with contextlib.suppress(DockerException, RequestException):
                     launch.container.reload()
-            item = self._report_one(launch)
+            item = launch_report(launch)
             if item is None:
                 continue
             if item.state in ("exited", "failed", "missing") and launch.blocked is None:
@@ -365,7 +291,7 @@ class DockerRuntime:
             report = schema.ContainerReport.model_validate(final)
             if report.launch_id in self._launches:
                 continue
-            launch = _Launch(
+            launch = Launch(
                 launch_id=report.launch_id,
                 reservation=report.reservation,
                 gpu_uuids=list(report.gpu_uuids),
@@ -375,15 +301,13 @@ class DockerRuntime:
             launch.terminal_reports = self.remove_after_reports
             self._launches[report.launch_id] = launch
 
-    def _track_container(self, container: Container) -> _Launch:
+    def _track_container(self, container: Container) -> Launch:
         labels = container.labels or {}
         launch_id = labels[LABEL_LAUNCH]
         launch = self._launches.get(launch_id)
         if launch is None:
             gpus = [g for g in (labels.get(LABEL_GPUS) or "").split(",") if g]
-            launch = _Launch(
-                launch_id=launch_id, reservation=labels.get(LABEL_RESERVATION) or launch_id, gpu_uuids=gpus
-            )
+            launch = Launch(launch_id=launch_id, reservation=labels.get(LABEL_RESERVATION) or launch_id, gpu_uuids=gpus)
             with contextlib.suppress(ValueError):
                 launch.stop_grace_s = int(labels.get(LABEL_GRACE, "30"))
             directory = self._dir(launch_id)
@@ -417,15 +341,15 @@ class DockerRuntime:
 
     # -- launching -----------------------------------------------------------------------------------------
 
-    def _new_launch(self, spec: schema.DesiredContainer) -> _Launch:
-        return _Launch(
+    def _new_launch(self, spec: schema.DesiredContainer) -> Launch:
+        return Launch(
             launch_id=spec.launch_id,
             reservation=spec.reservation,
             gpu_uuids=list(spec.gpu_uuids),
             stop_grace_s=spec.stop_grace_s,
         )
 
-    def _launch(self, launch: _Launch, spec: schema.DesiredContainer, now: datetime) -> Future[_Outcome] | None:
+    def _launch(self, launch: Launch, spec: schema.DesiredContainer, now: datetime) -> Future[_Outcome] | None:
         """Create the container in a worker (and start it too when the window is open); None when not yet."""
         if now < spec.window_start - self.prepare_ahead:
             return None  # reported as pending: created nearer its window, run only inside it
@@ -446,7 +370,7 @@ class DockerRuntime:
         launch.prepared = not start
         return self._submit(launch, self._op_create, spec, mount_dir, start)
 
-    def _submit(self, launch: _Launch, fn: Callable[..., _Outcome], *args: Any) -> Future[_Outcome]:
+    def _submit(self, launch: Launch, fn: Callable[..., _Outcome], *args: Any) -> Future[_Outcome]:
         op = self._pool.submit(fn, *args)
         self._ops[launch.launch_id] = op
         if self._waker is not None:
@@ -528,51 +452,16 @@ class DockerRuntime:
                 time.sleep(0.1)
 
     def _create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
-        gpus = ",".join(spec.gpu_uuids)
-        env = dict(spec.env)
-        # Ours last: a tenant's env must not widen the GPUs it sees or fake its window.
-        env.update(
-            {
-                "NVIDIA_VISIBLE_DEVICES": gpus,
-                "GPUCP_RESERVATION": spec.reservation,
-                "GPUCP_WINDOW_END": _iso(spec.window_end),
-                "GPUCP_WARN_FILE": WARN_FILE,
-            }
+        return create_args(
+            spec,
+            node=self.node,
+            mount_dir=mount_dir,
+            network_mode=self.network_mode,
+            default_memory_limit_mib=self.default_memory_limit_mib,
+            default_pids_limit=self.default_pids_limit,
+            cpuset=self.cpuset_for(spec.gpu_uuids),
+            nvidia_runtime=self.nvidia_runtime,
         )
-        memory = spec.memory_limit_mib if spec.memory_limit_mib is not None else self.default_memory_limit_mib
-        pids = spec.pids_limit if spec.pids_limit is not None else self.default_pids_limit
-        args: dict[str, Any] = {
-            "image": spec.image,
-            "command": list(spec.command) or None,
-            "name": container_name(spec.launch_id),
-            "detach": True,
-            "labels": {
-                LABEL_LAUNCH: spec.launch_id,
-                LABEL_RESERVATION: spec.reservation,
-                LABEL_PROJECT: spec.project,
-                LABEL_GPUS: gpus,
-                LABEL_WINDOW_END: _iso(spec.window_end),
-                LABEL_GRACE: str(spec.stop_grace_s),
-                LABEL_NODE: self.node,
-            },
-            "environment": env,
-            "privileged": False,
-            "security_opt": ["no-new-privileges"],
-            "network_mode": self.network_mode,
-            "volumes": {str(mount_dir): {"bind": MOUNT_POINT, "mode": "ro"}},
-        }
-        if memory:
-            args["mem_limit"] = f"{memory}m"
-        if pids:
-            args["pids_limit"] = pids
-        cpuset = self.cpuset_for(spec.gpu_uuids)
-        if cpuset:
-            args["cpuset_cpus"] = cpuset
-        if self.nvidia_runtime:
-            args["device_requests"] = [
-                docker.types.DeviceRequest(driver="nvidia", device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
-            ]
-        return args
 
     def cpuset_for(self, gpu_uuids: Iterable[str]) -> str | None:
         """The CPUs of the NUMA node(s) the GPUs sit on; None when any of them is unknown (no pinning then)."""
@@ -606,7 +495,7 @@ class DockerRuntime:
                     return gpu, other.launch_id
         return None
 
-    def _fail(self, launch: _Launch, reason: str) -> None:
+    def _fail(self, launch: Launch, reason: str) -> None:
         log.warning("launch %s failed: %s", launch.launch_id, reason)
         launch.final_failure = reason[:ERROR_CHARS]
 
@@ -618,15 +507,15 @@ class DockerRuntime:
             return spec.window_end  # no warning: the stop comes first
         return spec.window_end - timedelta(seconds=spec.warn_before_s)
 
-    def _warn(self, launch: _Launch, now: datetime) -> None:
+    def _warn(self, launch: Launch, now: datetime) -> None:
         spec = launch.desired
         assert spec is not None
         mount_dir = self._dir(launch.launch_id) / "mount"
         mount_dir.mkdir(parents=True, exist_ok=True)
         payload = {
-            "window_end": _iso(spec.window_end),
-            "stop_at": _iso(spec.window_end),
-            "kill_at": _iso(spec.window_end + timedelta(seconds=spec.stop_grace_s)),
+            "window_end": iso(spec.window_end),
+            "stop_at": iso(spec.window_end),
+            "kill_at": iso(spec.window_end + timedelta(seconds=spec.stop_grace_s)),
         }
         tmp = mount_dir / ".warning.tmp"
         tmp.write_text(json.dumps(payload) + "\n")
@@ -634,11 +523,11 @@ class DockerRuntime:
         # A rename, so the job never reads half a file.
         tmp.replace(mount_dir / "warning")
         # The marker goes first: a crash between it and the signal loses one warning, never sends two.
-        launch.warned_for = _iso(spec.window_end)
+        launch.warned_for = iso(spec.window_end)
         (self._dir(launch.launch_id) / "warned").write_text(launch.warned_for + "\n")
         self._signal(launch, "SIGUSR1")
 
-    def _begin_stop(self, launch: _Launch, now: datetime) -> None:
+    def _begin_stop(self, launch: Launch, now: datetime) -> None:
         if launch.stop_deadline is not None:
             return
         if launch.status == "created":
@@ -654,7 +543,7 @@ class DockerRuntime:
         else:
             self._signal(launch, "SIGTERM")
 
-    def _kill(self, launch: _Launch) -> None:
+    def _kill(self, launch: Launch) -> None:
         if launch.killed:
             return
         launch.killed = True
@@ -662,7 +551,7 @@ class DockerRuntime:
         self._write_json(launch, "stopping.json", {"deadline": launch.stop_deadline.isoformat(), "killed": True})
         self._signal(launch, "SIGKILL")
 
-    def _signal(self, launch: _Launch, signal: str) -> None:
+    def _signal(self, launch: Launch, signal: str) -> None:
         if launch.container is None:
             return
         try:
@@ -676,70 +565,6 @@ class DockerRuntime:
         log.info("sent %s to %s", signal, launch.launch_id)
 
     # -- reporting and clean-up ----------------------------------------------------------------------------
-
-    def _report_one(self, launch: _Launch) -> schema.ContainerReport | None:
-        def report(state: ReportState, **fields: Any) -> schema.ContainerReport:
-            return schema.ContainerReport(
-                launch_id=launch.launch_id,
-                reservation=launch.reservation,
-                gpu_uuids=list(launch.gpu_uuids),
-                state=state,
-                **fields,
-            )
-
-        container = launch.container
-        if container is None:
-            if launch.blocked is not None:
-                # Transient: it starts as soon as the previous container lets go of the GPU.
-                return report("pending", error=launch.blocked)
-            if launch.missing:
-                return report("missing", error=launch.final_failure)
-            if launch.final_failure is not None:
-                return report("failed", error=launch.final_failure)
-            if launch.final is not None:
-                return launch.final
-            if launch.desired is not None:
-                return report("pending")
-            return None
-        state_info = container.attrs.get("State", {})
-        status = state_info.get("Status") or container.status
-        finished = status in ("exited", "dead")
-        state: ReportState
-        if launch.final_failure is not None:
-            state = "failed"
-        elif finished:
-            state = "exited"
-        elif status == "created":
-            state = "pending" if launch.prepared else "creating"
-        elif launch.stop_deadline is not None:
-            state = "stopping"
-        else:
-            state = "running"
-        error = launch.final_failure or (state_info.get("Error") or None)
-        return report(
-            state,
-            container_id=container.id,
-            started_at=parse_docker_time(state_info.get("StartedAt")),
-            finished_at=parse_docker_time(state_info.get("FinishedAt")) if finished else None,
-            exit_code=state_info.get("ExitCode") if finished else None,
-            error=error[:ERROR_CHARS] if error else None,
-            log_tail=self._log_tail(container) if state in ("exited", "failed") else None,
-        )
-
-    @staticmethod
-    def _log_tail(container: Container) -> str | None:
-        try:
-            raw = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES)
-        except (DockerException, RequestException):
-            return None
-        text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
-        if len(text) > LOG_TAIL_CHARS:
-            text = text[-LOG_TAIL_CHARS:]
-            # Start at a whole line when one fits; a single huge line is kept cut.
-            _, newline, rest = text.partition("\n")
-            if newline and rest:
-                text = rest
-        return text
 
     def _collect_garbage(self) -> None:
         """Remove finished containers once reported, and forget launches the desired state no longer holds."""
@@ -763,7 +588,7 @@ class DockerRuntime:
                 del self._launches[launch.launch_id]
                 shutil.rmtree(self._dir(launch.launch_id), ignore_errors=True)
 
-    def _remove(self, launch: _Launch) -> None:
+    def _remove(self, launch: Launch) -> None:
         if launch.container is None:
             return
         try:
@@ -780,11 +605,11 @@ class DockerRuntime:
     # -- launch directories --------------------------------------------------------------------------------
 
     def _dir(self, launch_id: str) -> Path:
-        path = self.launch_root / _safe_id(launch_id)
+        path = self.launch_root / safe_id(launch_id)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _write_json(self, launch: _Launch, name: str, payload: dict[str, Any]) -> None:
+    def _write_json(self, launch: Launch, name: str, payload: dict[str, Any]) -> None:
         path = self._dir(launch.launch_id) / name
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(payload))

@@ -41,7 +41,8 @@ from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.client import ControlPlaneClient
 from nodeagent.collectors import HostCollector
 from nodeagent.commands import CommandChannel
-from nodeagent.runtime.docker import LABEL_LAUNCH, DockerRuntime
+from nodeagent.runtime.containers import LABEL_LAUNCH
+from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
 from tests.conftest import service_missing
 from tests.dispatch.support import CeleryWorker, PrivateRedis, celery_broker

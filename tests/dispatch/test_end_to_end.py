@@ -39,7 +39,8 @@ from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.client import ControlPlaneClient
 from nodeagent.collectors import HostCollector
 from nodeagent.commands import CommandChannel
-from nodeagent.runtime.docker import LABEL_NODE, DockerRuntime
+from nodeagent.runtime.containers import LABEL_NODE
+from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
 from tests.factories import member_of
 from tests.reservations.fleet import project

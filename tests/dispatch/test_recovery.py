@@ -28,7 +28,8 @@ from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.client import ControlPlaneClient
 from nodeagent.collectors import HostCollector
 from nodeagent.commands import CommandChannel
-from nodeagent.runtime.docker import LABEL_LAUNCH, DockerRuntime
+from nodeagent.runtime.containers import LABEL_LAUNCH
+from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
 from tests.dispatch.test_end_to_end import book_now, containers, eager_celery, wait_for  # noqa: F401 - fixture
 from tests.reservations.fleet import project

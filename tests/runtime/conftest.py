@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from nodeagent import schema
-from nodeagent.runtime.docker import LABEL_NODE, DockerRuntime
+from nodeagent.runtime.containers import LABEL_NODE
+from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
 
 from .support import T0

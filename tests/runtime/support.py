@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from nodeagent.runtime.docker import LABEL_NODE
+from nodeagent.runtime.containers import LABEL_NODE
 
 # Windows are placed on a fake timeline: the runtime compares them only with the ``now`` it is handed.
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

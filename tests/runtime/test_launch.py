@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from nodeagent.runtime.docker import (
+from nodeagent.runtime.containers import (
     LABEL_GPUS,
     LABEL_LAUNCH,
     LABEL_PROJECT,
@@ -16,9 +16,9 @@ from nodeagent.runtime.docker import (
     LABEL_WINDOW_END,
     MOUNT_POINT,
     WARN_FILE,
-    DockerRuntime,
     container_name,
 )
+from nodeagent.runtime.docker import DockerRuntime
 
 from .support import T0, logs_of, ours, status_of, wait_for
 

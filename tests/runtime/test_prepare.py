@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from nodeagent.runtime.docker import LABEL_LAUNCH
+from nodeagent.runtime.containers import LABEL_LAUNCH
 
 from .support import T0, ours, status_of, wait_for
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from nodeagent.runtime.docker import LOG_TAIL_CHARS, LOG_TAIL_LINES
+from nodeagent.runtime.containers import LOG_TAIL_CHARS, LOG_TAIL_LINES
 
 from .support import T0, logs_of, ours, status_of, wait_for
 
