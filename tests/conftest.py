@@ -29,6 +29,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
+    """Drop what the live server's keep-alive handler threads still hold before the test database goes.
+
+    Each of those threads keeps its persistent connection (CONN_MAX_AGE, as in production) until its
+    socket closes, which for an agent's keep-alive session is never; PostgreSQL then refuses to drop the
+    test database ("being accessed by other users") and leaves it behind.
+    """
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+
+
+@pytest.fixture(scope="session")
 def redis_url() -> str:
     import redis
 
