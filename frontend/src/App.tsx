@@ -1,19 +1,23 @@
 import { AppShell, Burger, Button, Center, Group, Loader, NavLink, Text, Title } from "@mantine/core";
 import { useDisclosure } from "@mantine/hooks";
 import { useQueryClient } from "@tanstack/react-query";
+import { lazy, Suspense } from "react";
 import { Navigate, Route, Routes, useLocation, useNavigate, Link } from "react-router";
 
 import { api } from "./api/client";
 import { useMe } from "./api/hooks";
 import { ErrorAlert } from "./components/QueryState";
-import { AvailabilityPage } from "./pages/Availability";
 import { DashboardPage } from "./pages/Dashboard";
-import { FleetPage } from "./pages/Fleet";
-import { JoinTokensPage } from "./pages/JoinTokens";
 import { LoginPage } from "./pages/Login";
-import { ReservationPage } from "./pages/Reservation";
-import { TokensPage } from "./pages/Tokens";
-import { UsagePage } from "./pages/Usage";
+
+// The pages with charts pull in recharts, the largest part of the bundle; they load when first visited, so
+// the sign-in page and the dashboard do not wait for it.
+const AvailabilityPage = lazy(() => import("./pages/Availability").then((m) => ({ default: m.AvailabilityPage })));
+const FleetPage = lazy(() => import("./pages/Fleet").then((m) => ({ default: m.FleetPage })));
+const JoinTokensPage = lazy(() => import("./pages/JoinTokens").then((m) => ({ default: m.JoinTokensPage })));
+const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ default: m.ReservationPage })));
+const TokensPage = lazy(() => import("./pages/Tokens").then((m) => ({ default: m.TokensPage })));
+const UsagePage = lazy(() => import("./pages/Usage").then((m) => ({ default: m.UsagePage })));
 
 const TENANT_LINKS = [
   { to: "/", label: "Dashboard" },
@@ -117,7 +121,17 @@ function Shell({ username, operator, children }: { username: string; operator: b
           />
         ))}
       </AppShell.Navbar>
-      <AppShell.Main>{children}</AppShell.Main>
+      <AppShell.Main>
+        <Suspense
+          fallback={
+            <Center p="xl">
+              <Loader aria-label="Loading page" />
+            </Center>
+          }
+        >
+          {children}
+        </Suspense>
+      </AppShell.Main>
     </AppShell>
   );
 }
