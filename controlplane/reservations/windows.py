@@ -81,7 +81,11 @@ def _gap_rows(spec: GpuSpec, *, now: datetime, last_start: datetime, duration: t
     t0, d = now.timestamp(), duration.total_seconds()
 
     def epoch(col: str) -> str:
-        return f"((julianday({col}) - 2440587.5) * 86400.0)"
+        # SQLite keeps an instant as text, 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC: the whole seconds, plus the
+        # fraction as written. julianday() would be off by up to some ten microseconds, enough to miss a gap
+        # exactly as long as the window; this sum rounds once, to the float that Python's timestamp() gives.
+        # ('%%s' is how a literal '%s' survives the driver's placeholders.)
+        return f"(CAST(strftime('%%s', {col}) AS INTEGER) + CAST(substr({col}, 20) AS REAL))"
 
     # The instants come back as text too: parsing tens of thousands of timestamps costs more than the
     # search, and only the one the answer starts at is ever parsed.
@@ -105,14 +109,27 @@ def _gap_rows(spec: GpuSpec, *, now: datetime, last_start: datetime, duration: t
         return cursor.fetchall()
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """A server on which the count fits at the search's first instant (epoch seconds ``t``, as text ``ts``
+    unless it is ``now``): how many candidate GPUs it has, and how many of them are free then."""
+
+    server: int
+    hostname: str
+    gpus: int
+    t: float
+    free: int
+    ts: str | None
+
+
 def _earliest_by_server(
     spec: GpuSpec, *, now: datetime, last_start: datetime, duration: timedelta
-) -> tuple[int, list[tuple[int, str, int, float, int, str | None]]] | None:
-    """PostgreSQL, a GPU count: the whole search in one query that returns a row per server, not per GPU.
+) -> tuple[list[_Fit], int] | None:
+    """PostgreSQL, a GPU count: the whole search in one query that returns the servers at the first instant.
 
-    Returns the largest number of candidate GPUs on one server, and for each server that fits the count
-    somewhere in ``[now, last_start]``: (id, hostname, its GPUs, the first instant as epoch seconds, how many
-    GPUs are free then, that instant as text). None when no GPU is a candidate.
+    Returns the servers on which the count fits at the first instant in ``[now, last_start]`` at which it
+    fits on any, and the largest number of candidate GPUs on one server (0 when some server fits: the count
+    is then known to fit one server, and that aggregate is never computed). None when no GPU is a candidate.
 
     The stretches in which a window may start are _fleet()'s, in the same float8 arithmetic (epoch seconds
     from date_part, ``now`` and the duration as Python computes them), so the instants are bit-for-bit those
@@ -128,6 +145,10 @@ def _earliest_by_server(
     horizon_end = ops.adapt_datetimefield_value(last_start + duration)
     start = ops.adapt_datetimefield_value(now)
     t0, t_last, d = now.timestamp(), last_start.timestamp(), duration.total_seconds()
+    # The gap test runs on every allocation in the horizon, so it is kept cheap: the duration is an interval
+    # of seconds alone (a timedelta of a day or more arrives as days, and adding days to a timestamptz goes
+    # through the calendar). Every other step sees only the few rows that bound a gap long enough, or a
+    # GPU's last one, and only the servers at the first instant come back.
     sql = f"""
         WITH g AS MATERIALIZED ({gpus_sql}),
         y AS (
@@ -139,10 +160,12 @@ def _earliest_by_server(
                        LAG(al.ends_at) OVER w AS prev_b, LEAD(al.starts_at) OVER w AS next_a
                 FROM reservations_allocation al
                 WHERE al.active AND al.starts_at < %(h)s AND al.ends_at > %(now)s
-                WINDOW w AS (PARTITION BY al.gpu_id ORDER BY al.starts_at)
+                -- LAG and LEAD look at the partition, not the frame: the smallest frame costs the least.
+                WINDOW w AS (PARTITION BY al.gpu_id ORDER BY al.starts_at ROWS BETWEEN CURRENT ROW AND CURRENT ROW)
             ) x ON x.gpu_id = g.c_gpu
                AND (x.next_a IS NULL
-                    OR x.a >= GREATEST(COALESCE(x.prev_b, %(now)s), %(now)s) + %(dur)s - INTERVAL '1 millisecond')
+                    OR x.a >= GREATEST(COALESCE(x.prev_b, %(now)s), %(now)s)
+                              + (make_interval(secs => %(d)s) - INTERVAL '1 millisecond'))
         ),
         iv AS (
             SELECT c_server, %(t0)s::float8 AS lo, %(tl)s::float8 AS hi, NULL::timestamptz AS lo_ts FROM y WHERE idle
@@ -159,28 +182,38 @@ def _earliest_by_server(
             SELECT c_server, GREATEST(b, %(t0)s), %(tl)s, CASE WHEN b > %(t0)s THEN bt END FROM y
             WHERE last AND NOT idle AND GREATEST(b, %(t0)s) <= %(tl)s
         ),
-        sweep AS (
-            SELECT c_server, t, kind, ts,
-                   SUM(delta) OVER (PARTITION BY c_server ORDER BY t, kind RANGE UNBOUNDED PRECEDING) AS depth
+        fit AS MATERIALIZED (
+            SELECT c_server, t, depth, ts
             FROM (
-                SELECT c_server, lo AS t, 0 AS kind, 1 AS delta, lo_ts AS ts FROM iv
-                UNION ALL
-                -- An end at the last instant comes after every start: it never lowers a depth that counts.
-                SELECT c_server, hi, 1, -1, NULL FROM iv WHERE hi < %(tl)s
-            ) ev
+                SELECT c_server, t, kind, ts,
+                       SUM(delta) OVER (PARTITION BY c_server ORDER BY t, kind RANGE UNBOUNDED PRECEDING) AS depth
+                FROM (
+                    SELECT c_server, lo AS t, 0 AS kind, 1 AS delta, lo_ts AS ts FROM iv
+                    UNION ALL
+                    -- An end at the last instant comes after every start: it never lowers a depth that counts.
+                    SELECT c_server, hi, 1, -1, NULL FROM iv WHERE hi < %(tl)s
+                ) ev
+            ) sweep
+            WHERE kind = 0 AND depth >= %(n)s
         ),
-        earliest AS (
-            SELECT DISTINCT ON (c_server) c_server, t, depth, ts
-            FROM sweep WHERE kind = 0 AND depth >= %(n)s
-            ORDER BY c_server, t, ts NULLS LAST
-        ),
-        sizes AS (SELECT c_server, min(c_host) AS c_host, count(*) AS gpus FROM g GROUP BY c_server)
-        SELECT (SELECT max(gpus) FROM sizes), f.c_server, s.c_host, s.gpus, f.t, f.depth, f.ts::text
-        FROM (SELECT 1) one
-        LEFT JOIN earliest f ON true
-        LEFT JOIN sizes s ON s.c_server = f.c_server
+        -- Starts at one instant are peers in the running sum, so they share its depth.
+        best AS MATERIALIZED (
+            SELECT c_server, t, max(depth) AS depth, max(ts::text) AS ts
+            FROM fit WHERE t = (SELECT min(t) FROM fit) GROUP BY c_server, t
+        )
+        SELECT b.c_server, s.c_host, s.gpus, b.t, b.depth, b.ts, 0
+        FROM best b
+        JOIN (
+            SELECT c_server, min(c_host) AS c_host, count(*) AS gpus FROM g
+            WHERE c_server IN (SELECT c_server FROM best) GROUP BY c_server
+        ) s ON s.c_server = b.c_server
+        UNION ALL
+        -- Only when no server fits: whether one could ever hold the count (else the general search answers).
+        SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+               (SELECT max(gpus) FROM (SELECT count(*) AS gpus FROM g GROUP BY c_server) z)
+        WHERE NOT EXISTS (SELECT 1 FROM best)
     """  # noqa: S608 - the only interpolated SQL is the ORM's own; values are parameters
-    params: dict[str, Any] = dict(h=horizon_end, now=start, dur=duration, t0=t0, tl=t_last, d=d, n=spec.gpu_count or 1)
+    params: dict[str, Any] = dict(h=horizon_end, now=start, t0=t0, tl=t_last, d=d, n=spec.gpu_count or 1)
     with connection.cursor() as cursor:
         # The ORM's SQL uses positional placeholders; name them so the query can use its values by name.
         named = gpus_sql
@@ -189,10 +222,10 @@ def _earliest_by_server(
             params[f"p{i}"] = value
         cursor.execute(sql.replace(gpus_sql, named), params)
         rows = cursor.fetchall()
-    largest = rows[0][0]
-    if largest is None:
-        return None
-    return largest, [(sid, host, gpus, t, depth, ts) for _, sid, host, gpus, t, depth, ts in rows if sid is not None]
+    if rows[0][0] is None:
+        largest = rows[0][6]
+        return None if largest is None else ([], largest)
+    return [_Fit(sid, host, gpus, t, depth, ts) for sid, host, gpus, t, depth, ts, _ in rows], 0
 
 
 def _fleet(rows: list[tuple[Any, ...]], *, now: datetime, last_start: datetime, duration: timedelta) -> _Fleet:
@@ -292,20 +325,21 @@ def _earliest_in_sql(
         found = _earliest_by_server(spec, now=now, last_start=stage_last, duration=duration)
         if found is None:
             return True, None
-        largest, fits = found
-        if (spec.gpu_count or 1) > largest:
-            return False, None
+        fits, largest = found
         if fits:
             break
+        if (spec.gpu_count or 1) > largest:
+            return False, None
     else:
         return True, None
-    best = min(t for _, _, _, t, _, _ in fits)
-    exact = next(ts for _, _, _, t, _, ts in fits if t == best)
+    best = fits[0].t
+    exact = next((f.ts for f in fits if f.ts is not None), None)
     # ``best`` is now or the end of some allocation; take that instant exactly rather than a float's rounding.
     start = now if best == t0 or exact is None else _exact_start(exact)
     window = Window(start, start + duration)
-    # A server whose first fit comes later has fewer than the count free at ``best``: the shortlist skips it.
-    counts = [_ServerCount(sid, host, gpus, gpus, free) for sid, host, gpus, t, free, _ in fits if t == best]
+    # Only the servers that fit at ``best`` come back; every other one has fewer than the count free then, and
+    # the shortlist would skip it.
+    counts = [_ServerCount(f.server, f.hostname, f.gpus, f.gpus, f.free) for f in fits]
     servers = _build(spec, window, _shortlist(spec, counts, SHORTLIST))
     proposal = place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
     if proposal is None:  # an allocation landed meanwhile; the caller may ask again

@@ -24,7 +24,8 @@ def _epoch(field: str) -> RawSQL:
     column = f'"reservations_allocation"."{field}"'
     if connection.vendor == "postgresql":
         return RawSQL(f"EXTRACT(EPOCH FROM {column})::float8", [])  # noqa: S611 - no user input
-    return RawSQL(f"(julianday({column}) - 2440587.5) * 86400.0", [])  # noqa: S611
+    # Whole seconds plus the fraction as stored: julianday() is off by up to some ten microseconds.
+    return RawSQL(f"CAST(strftime('%%s', {column}) AS INTEGER) + CAST(substr({column}, 20) AS REAL)", [])  # noqa: S611
 
 
 EARLIEST_FIRST_STAGE = timedelta(days=1)
