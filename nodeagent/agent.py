@@ -311,7 +311,7 @@ class Agent:
             sent_at=now,
             node=self.node_facts(),
             gpus=self.gpus.facts(now),
-            samples=batch.samples,
+            samples=schema.series_from_samples(batch.samples),
             events=batch.events,
             containers=containers,
         )

@@ -1,18 +1,25 @@
-"""The wire format between node agents and the control plane, version 1.
+"""The wire format between node agents and the control plane.
 
 Both sides validate with these models: the agent before it sends, the control plane when it receives.
 Field names of telemetry follow DCGM's so operators recognise them. Every model forbids unknown fields so a
 typo is an error that names the field instead of silently dropped data.
+
+Versions: the heartbeat is version 2 (``Heartbeat``: samples as columns, one ``GpuSeries`` per GPU); the
+control plane still accepts version 1 (``HeartbeatV1``: one object per sample) from older agents, and
+``parse_heartbeat`` reads either. Every other message is still version 1.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Final, Literal
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION: Final = 1
+HEARTBEAT_SCHEMA_VERSION: Final = 2
 
 # Application XIDs: caused by the program running on the GPU, not by the GPU. They never make a GPU unhealthy.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -113,6 +120,35 @@ class GpuSample(Strict):
     fields: dict[str, float | None] = Field(default_factory=dict)
 
 
+# Seconds since the Unix epoch (UTC), up to the end of year 9999 so that every value is a datetime.
+EpochSeconds = Annotated[float, Field(ge=0, le=253402300799.0, allow_inf_nan=False)]
+
+
+class GpuSeries(Strict):
+    """Samples of one GPU as columns: ``ts[i]`` is the time of ``fields[name][i]`` for every field.
+
+    A field the GPU does not support is absent, or null at the readings that lack it. Every list has as many
+    values as ``ts``; a series of unequal lengths is refused naming the field.
+    """
+
+    uuid: Uuid
+    ts: list[EpochSeconds] = Field(max_length=MAX_SAMPLES)
+    # Finite or null: NaN and infinity have no JSON of their own, and a reading that is not a number is null.
+    fields: dict[str, list[Annotated[float, Field(allow_inf_nan=False)] | None]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _columns_match_ts(self) -> GpuSeries:
+        n = len(self.ts)
+        for name, values in self.fields.items():
+            if len(values) != n:
+                raise PydanticCustomError(
+                    "series_length",
+                    "{field} has {count} values but ts has {expected}; every field needs one value per timestamp",
+                    {"field": name, "count": len(values), "expected": n},
+                )
+        return self
+
+
 class AgentEvent(Strict):
     kind: Literal["xid", "gpu_lost", "container", "agent", "error"]
     ts: datetime
@@ -137,8 +173,10 @@ class ContainerReport(Strict):
     log_tail: Annotated[str, Field(max_length=16000)] | None = None
 
 
-class Heartbeat(Strict):
-    schema_version: Literal[1] = SCHEMA_VERSION
+class HeartbeatV1(Strict):
+    """Version 1 of the heartbeat, one object per sample: what agents before version 2 send."""
+
+    schema_version: Literal[1] = 1
     seq: Annotated[int, Field(ge=0)]
     sent_at: datetime
     node: NodeFacts
@@ -146,6 +184,92 @@ class Heartbeat(Strict):
     samples: list[GpuSample] = Field(default_factory=list, max_length=MAX_SAMPLES)
     events: list[AgentEvent] = Field(default_factory=list, max_length=MAX_EVENTS)
     containers: list[ContainerReport] = Field(default_factory=list, max_length=MAX_CONTAINERS)
+
+
+class Heartbeat(Strict):
+    """The agent's report (version 2): samples as one ``GpuSeries`` per GPU, times in epoch seconds.
+
+    A JSON object per sample made the control plane parse, validate and fold every sample's field names and
+    ISO timestamp; columns carry the same readings as a few lists of numbers per GPU.
+    """
+
+    schema_version: Literal[2] = HEARTBEAT_SCHEMA_VERSION
+    seq: Annotated[int, Field(ge=0)]
+    sent_at: datetime
+    node: NodeFacts
+    gpus: list[GpuFacts] = Field(max_length=MAX_GPUS)
+    samples: list[GpuSeries] = Field(default_factory=list, max_length=MAX_SAMPLES)
+    events: list[AgentEvent] = Field(default_factory=list, max_length=MAX_EVENTS)
+    containers: list[ContainerReport] = Field(default_factory=list, max_length=MAX_CONTAINERS)
+
+    @model_validator(mode="after")
+    def _at_most_max_samples(self) -> Heartbeat:
+        total = sum(len(series.ts) for series in self.samples)
+        if total > MAX_SAMPLES:
+            raise PydanticCustomError(
+                "too_many_samples",
+                "a heartbeat carries at most {limit} samples, this one {count}",
+                {"field": "samples", "limit": MAX_SAMPLES, "count": total},
+            )
+        return self
+
+
+def series_from_samples(samples: Iterable[GpuSample]) -> list[GpuSeries]:
+    """One series per GPU, in the order the GPUs first appear and the samples within each, as the buffer holds
+    them. A field missing from some samples is null at those readings."""
+    grouped: dict[str, list[GpuSample]] = {}
+    for sample in samples:
+        grouped.setdefault(sample.uuid, []).append(sample)
+    out = []
+    for uuid, group in grouped.items():
+        names: dict[str, None] = {}
+        for sample in group:
+            names.update(dict.fromkeys(sample.fields))
+        ts = [_epoch(sample.ts) for sample in group]
+        fields = {name: [sample.fields.get(name) for sample in group] for name in names}
+        # Built from validated samples: constructing skips validating every number a second time.
+        out.append(GpuSeries.model_construct(uuid=uuid, ts=ts, fields=fields))
+    return out
+
+
+def _epoch(ts: datetime) -> float:
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp()
+
+
+AnyHeartbeat = Annotated[HeartbeatV1 | Heartbeat, Field(discriminator="schema_version")]
+_ANY_HEARTBEAT: TypeAdapter[HeartbeatV1 | Heartbeat] = TypeAdapter(AnyHeartbeat)
+
+
+def parse_heartbeat(raw: bytes | str) -> HeartbeatV1 | Heartbeat:
+    """Validate a heartbeat of either version straight from its JSON; a body without ``schema_version`` is
+    version 1, as it was before version 2 existed. Raises ``pydantic.ValidationError``; ``error_fields``
+    turns it into dotted field paths."""
+    try:
+        return _ANY_HEARTBEAT.validate_json(raw)
+    except ValidationError as exc:
+        if any(err["type"] == "union_tag_not_found" for err in exc.errors()):
+            return HeartbeatV1.model_validate_json(raw)
+        raise
+
+
+def error_fields(exc: ValidationError) -> dict[str, list[str]]:
+    """Dotted field paths (``samples.2.fields.DCGM_FI_DEV_GPU_TEMP.7``) and their messages."""
+    fields: dict[str, list[str]] = {}
+    for err in exc.errors(include_url=False, include_input=False):
+        loc: list[Any] = list(err["loc"])
+        kind = err["type"]
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            loc = ["schema_version"]
+        elif loc and loc[0] in (1, 2) and kind != "json_invalid":
+            loc = loc[1:]  # the version tag of the union, not a field
+        ctx = err.get("ctx") or {}
+        if kind == "series_length":
+            loc += ["fields", ctx["field"]]
+        elif kind == "too_many_samples":
+            loc.append("samples")
+        path = ".".join(str(part) for part in loc) or "body"
+        fields.setdefault(path, []).append(err["msg"])
+    return fields
 
 
 class DesiredContainer(Strict):

@@ -265,25 +265,35 @@ def _dispatch_work_sql() -> str:
     )
 
 
-def _has_dispatch_work(*, server_id: int, now: datetime) -> bool:
-    """True when ``server`` has a live launch, or a scheduled reservation on its GPUs that is due to open."""
+def dispatch_work_probe(*, server_id: int, now: datetime) -> tuple[str, list[Any]]:
+    """The probe's statement: a row when ``server`` has a live launch, or a scheduled reservation on its GPUs
+    that is due to open. The heartbeat may run it with its own writes (one round trip) and pass the answer to
+    ``desired_state_for`` as ``has_work``."""
     params: list[Any] = [server_id, *sorted(LIVE_LAUNCH_STATES)]
     params += [server_id, True, ReservationState.SCHEDULED, connection.ops.adapt_datetimefield_value(now + lead_time())]
+    return _dispatch_work_sql(), params
+
+
+def _has_dispatch_work(*, server_id: int, now: datetime) -> bool:
+    """True when ``server`` has a live launch, or a scheduled reservation on its GPUs that is due to open."""
     with connection.cursor() as cursor:
-        cursor.execute(_dispatch_work_sql(), params)
+        cursor.execute(*dispatch_work_probe(server_id=server_id, now=now))
         return cursor.fetchone() is not None
 
 
 def desired_state_for(
-    *, server: Server, now: datetime | None = None
+    *, server: Server, now: datetime | None = None, has_work: bool | None = None
 ) -> tuple[list[schema.DesiredContainer], list[str]]:
     """The heartbeat's answer. It first opens this server's due windows itself, so a launch never waits on
     the broker, beat or a worker: a heartbeat after any outage is enough.
 
     Most heartbeats find nothing to open and nothing live: one indexed probe answers that, and the reply is
-    empty without building either query below."""
+    empty without building either query below. ``has_work`` is the probe's answer when the caller already ran
+    ``dispatch_work_probe`` at ``now`` in this transaction."""
     now = now or timezone.now()
-    if not _has_dispatch_work(server_id=server.pk, now=now):
+    if has_work is None:
+        has_work = _has_dispatch_work(server_id=server.pk, now=now)
+    if not has_work:
         return [], []
     due = (
         Reservation.objects.filter(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,14 +24,7 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Any) -> tuple[AnonymousUser, NodeCredential]:
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        scheme, _, value = header.partition(" ")
-        if not header or scheme.lower() != self.keyword.lower():
-            raise exceptions.NotAuthenticated("A node credential (Authorization: Bearer gcn_...) is required.")
-        value = value.strip()
-        lookup = tokens.parse(value, tokens.NODE_CREDENTIAL)
-        if lookup is None:
-            raise exceptions.AuthenticationFailed("The bearer token is not a node credential.")
+        value, lookup = self.presented(request)
         credential = _credential_with_server(lookup)
         if credential is None or not tokens.matches(value, credential.digest):
             raise exceptions.AuthenticationFailed("The node credential is not valid.")
@@ -40,6 +34,18 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Any) -> str:
         return self.keyword
+
+    def presented(self, request: Any) -> tuple[str, str]:
+        """The bearer token and its lookup part; a missing header or a token that is no node credential is a 401."""
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        scheme, _, value = header.partition(" ")
+        if not header or scheme.lower() != self.keyword.lower():
+            raise exceptions.NotAuthenticated("A node credential (Authorization: Bearer gcn_...) is required.")
+        value = value.strip()
+        lookup = tokens.parse(value, tokens.NODE_CREDENTIAL)
+        if lookup is None:
+            raise exceptions.AuthenticationFailed("The bearer token is not a node credential.")
+        return value, lookup
 
 
 @functools.cache
@@ -77,13 +83,40 @@ def _credential_with_server(lookup: str) -> NodeCredential | None:
     )
 
 
+class CredentialRefused(Exception):
+    """A node credential that is unknown, forged or revoked: a 401 with this sentence."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PresentedNodeCredential:
+    """A node credential as the request presented it, well-formed but not yet verified."""
+
+    plaintext: str = field(repr=False)  # a secret: never in a log line or a traceback
+
+
+class DeferredNodeCredentialAuthentication(NodeCredentialAuthentication):
+    """The heartbeat's authentication: the header is checked here (a missing or malformed one is a 401 before
+    the body is read), the credential itself by the statement that locks the node's server
+    (``heartbeat_ingest_with_credential``), which refuses it with the same 401s. Verifying it here as well would
+    cost every heartbeat one more statement."""
+
+    def authenticate(self, request: Any) -> tuple[AnonymousUser, PresentedNodeCredential]:  # type: ignore[override]
+        value, _ = self.presented(request)
+        return AnonymousUser(), PresentedNodeCredential(value)
+
+
 class IsNodeAgent(permissions.BasePermission):
     def has_permission(self, request: Any, view: Any) -> bool:
-        return isinstance(request.auth, NodeCredential)
+        return isinstance(request.auth, NodeCredential | PresentedNodeCredential)
 
 
 class NodeCredentialScheme(OpenApiAuthenticationExtension):
     target_class = "controlplane.fleet.authentication.NodeCredentialAuthentication"
+    match_subclasses = True
     name = "nodeCredential"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

@@ -17,13 +17,13 @@ from datetime import date, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field, JSONField, Model
+from django.db.models import Field, Model
+
+Statement = tuple[str, list[Any]]
 
 
-def bulk_set(objs: Sequence[Model], fields: Sequence[str]) -> int:
-    """Write ``fields`` of every object in ``objs`` (same model, saved) in one statement; returns rows updated."""
-    if not objs or not fields:
-        return 0
+def bulk_set_statement(objs: Sequence[Model], fields: Sequence[str]) -> Statement:
+    """The UPDATE that writes ``fields`` of every object in ``objs`` (same model, saved, at least one)."""
     meta = objs[0]._meta
     qn = connection.ops.quote_name
     pk_column = qn(str(meta.pk.column))
@@ -47,6 +47,14 @@ def bulk_set(objs: Sequence[Model], fields: Sequence[str]) -> int:
         f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} "  # noqa: S608 - identifiers from model metadata
         f"WHERE {pk_column} IN ({', '.join(['%s'] * len(objs))})"
     )
+    return sql, params
+
+
+def bulk_set(objs: Sequence[Model], fields: Sequence[str]) -> int:
+    """Write ``fields`` of every object in ``objs`` (same model, saved) in one statement; returns rows updated."""
+    if not objs or not fields:
+        return 0
+    sql, params = bulk_set_statement(objs, fields)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -67,14 +75,14 @@ def _bulk_set_json_sql(model: type[Model], names: tuple[str, ...]) -> str:
     )
 
 
-def _json_ready(field: Field, value: Any) -> Any:
-    if isinstance(field, JSONField):
-        return value  # nested as is: the column is jsonb
-    value = field.get_db_prep_save(value, connection)
+def _json_ready(value: Any) -> Any:
+    # The values come from the heartbeat's own code, already of their field's type: a JSON field's value is
+    # nested as is (the column is jsonb); only dates need text. ``get_db_prep_save`` per value cost more than
+    # the UPDATE.
     return value.isoformat() if isinstance(value, datetime | date) else value
 
 
-def _bulk_set_json(objs: Sequence[Model], fields: Sequence[str]) -> int:
+def _bulk_set_json(objs: Sequence[Model], fields: Sequence[str]) -> Statement:
     """PostgreSQL: the rows travel as one JSON document, typed by ``jsonb_to_recordset``. One parameter, one
     statement text for any number of rows: the driver neither re-parses the SQL nor quotes a value per cell,
     which on this path cost more than the UPDATE itself."""
@@ -83,10 +91,9 @@ def _bulk_set_json(objs: Sequence[Model], fields: Sequence[str]) -> int:
     for field in [meta.pk, *(meta.get_field(name) for name in fields)]:
         assert isinstance(field, Field), f"{field.name} is not a concrete field"
         columns.append(field)
-    rows = [{str(f.column): _json_ready(f, getattr(obj, f.attname)) for f in columns} for obj in objs]
-    with connection.cursor() as cursor:
-        cursor.execute(_bulk_set_json_sql(type(objs[0]), tuple(fields)), [json.dumps(rows, allow_nan=False)])
-        return cursor.rowcount
+    names = [(str(f.column), f.attname) for f in columns]
+    rows = [{column: _json_ready(getattr(obj, attname)) for column, attname in names} for obj in objs]
+    return _bulk_set_json_sql(type(objs[0]), tuple(fields)), [json.dumps(rows, allow_nan=False)]
 
 
 @functools.cache
@@ -97,12 +104,43 @@ def _update_row_sql(model: type[Model], names: tuple[str, ...]) -> str:
     return f"UPDATE {qn(meta.db_table)} SET {sets} WHERE {qn(str(meta.pk.column))} = %s"  # noqa: S608
 
 
-def update_row(obj: Model, values: Mapping[str, Any]) -> int:
-    """Write ``values`` (field name -> value) to ``obj``'s row, each prepared by its field; returns rows updated."""
+def update_row_statement(obj: Model, values: Mapping[str, Any]) -> Statement:
+    """The UPDATE that writes ``values`` (field name -> value) to ``obj``'s row, each prepared by its field."""
     names = tuple(sorted(values))
     meta = obj._meta
     params = [meta.get_field(name).get_db_prep_save(values[name], connection) for name in names]  # type: ignore[union-attr]
     params.append(obj.pk)
+    return _update_row_sql(type(obj), names), params
+
+
+def update_row(obj: Model, values: Mapping[str, Any]) -> int:
+    """Write ``values`` (field name -> value) to ``obj``'s row; returns rows updated."""
+    sql, params = update_row_statement(obj, values)
     with connection.cursor() as cursor:
-        cursor.execute(_update_row_sql(type(obj), names), params)
+        cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def execute_together(statements: Sequence[Statement], query: Statement | None = None) -> tuple[Any, ...] | None:
+    """Run data-modifying statements on different tables, then ``query`` if given, as one round trip where the
+    database allows it; returns ``query``'s first row.
+
+    PostgreSQL runs every statement in a ``WITH`` (a data-modifying CTE) whether or not anything reads it, all
+    on one snapshot, with ``query`` (or the last statement) as the main statement. That is safe only because no
+    statement, nor ``query``, reads what another writes. Each statement cost a round trip of its own, with its
+    driver and Django overhead, on the heartbeat path. Elsewhere (SQLite has no data-modifying CTEs) they run
+    one after the other.
+    """
+    main = query if query is not None else statements[-1] if statements else None
+    if main is None:
+        return None
+    ctes = [statement for statement in statements if statement is not main]
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql" or not ctes:
+            for sql, params in [*ctes, main]:
+                cursor.execute(sql, params)
+        else:
+            with_sql = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(ctes))
+            params = [value for _, statement_params in ctes for value in statement_params]
+            cursor.execute(f"WITH {with_sql} {main[0]}", params + main[1])
+        return cursor.fetchone() if query is not None else None

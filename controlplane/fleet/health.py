@@ -11,7 +11,7 @@ A GPU is unhealthy while it has at least one reason. Reasons come in two kinds:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent import schema
@@ -48,15 +48,18 @@ def evaluate(
     *,
     current_reasons: Iterable[str],
     present: bool,
-    previous_fields: dict[str, float | None] | None,
-    new_samples: Sequence[dict[str, float | None]],
+    previous_fields: Mapping[str, float | None] | None,
+    dbe_readings: Sequence[float | None],
+    latest: Mapping[str, float | None] | None,
     xids: Iterable[int],
     temp_limit_c: float,
 ) -> Health:
     """The GPU's health after one heartbeat.
 
     ``current_reasons`` is what the GPU has now; ``previous_fields`` its latest sample before this heartbeat;
-    ``new_samples`` the fields of this heartbeat's samples in time order; ``xids`` the XIDs reported for it.
+    ``dbe_readings`` the volatile double-bit ECC counter in this heartbeat's new samples, in time order;
+    ``latest`` the newest new sample's fields (None when the heartbeat brought no new sample); ``xids`` the XIDs
+    reported for it.
     """
     current = set(current_reasons)
     reasons = {r for r in current if is_hardware_fault(r)}
@@ -70,16 +73,14 @@ def evaluate(
     # A rise of the volatile DBE counter is a new uncorrectable error; the counter itself only resets with the
     # driver, so its level says nothing new once acknowledged.
     previous_dbe = (previous_fields or {}).get(schema.ECC_DBE_VOL)
-    for fields in new_samples:
-        dbe = fields.get(schema.ECC_DBE_VOL)
+    for dbe in dbe_readings:
         if dbe is None:
             continue
         if (previous_dbe is None and dbe > 0) or (previous_dbe is not None and dbe > previous_dbe):
             reasons.add(ECC_DBE)
         previous_dbe = dbe
 
-    if new_samples:
-        latest = new_samples[-1]
+    if latest is not None:
         if _positive(latest.get(schema.RETIRED_PENDING)):
             reasons.add(RETIRED_PAGES_PENDING)
         if _positive(latest.get(schema.ROW_REMAP_FAILURE)):

@@ -1,8 +1,9 @@
 """The heartbeat: the hot path of the control plane.
 
-One heartbeat costs a constant number of statements whatever the number of GPUs and samples: lock the server,
-read its GPUs, update the GPUs that changed (one bulk UPDATE), upsert the minute rollups (one statement), write
-the events (one bulk INSERT), update the server. Discovery adds a few statements only when the set of GPUs
+One heartbeat costs a constant number of statements whatever the number of GPUs and samples: verify the
+credential, lock the server and read its GPUs (one statement); update the GPUs that changed, upsert the minute
+rollups and update the server (on PostgreSQL one statement, with dispatch's probe riding along); write the
+events (one bulk INSERT, only when there are any). Discovery adds a few statements only when the set of GPUs
 changes.
 
 Replays: the agent's ``seq`` restarts at 0 when the agent restarts, so a heartbeat is never refused for its seq.
@@ -12,31 +13,29 @@ was already folded in (a retransmitted heartbeat, or a buffer sent twice) and is
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from controlplane.core import rows, tokens
 from controlplane.core.errors import PermissionDenied, ValidationFailed
 from controlplane.fleet import desired, health
-from controlplane.fleet.bulk import bulk_set, update_row
-from controlplane.fleet.rollup import MinuteFold, minute_of, write_minutes
+from controlplane.fleet.authentication import CredentialRefused
+from controlplane.fleet.bulk import Statement, bulk_set_statement, execute_together, update_row_statement
+from controlplane.fleet.models import NodeCredential
+from controlplane.fleet.rollup import MinuteFold, minutes_statement
+from controlplane.fleet.samples import GpuColumns, columns_by_gpu, from_us, to_us
 from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Server, ServerEvent
 from controlplane.inventory.services import server_event
 from nodeagent import schema
-
-ONE_MINUTE = timedelta(minutes=1)
-
-
-def _aware(ts: datetime) -> datetime:
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
 
 def _catalog_name(product_name: str) -> str:
@@ -88,7 +87,7 @@ def _apply_facts(gpu: Gpu, facts: schema.GpuFacts, dirty: set[str]) -> None:
             dirty.add(field)
 
 
-def _validate_references(heartbeat: schema.Heartbeat) -> None:
+def _validate_references(heartbeat: schema.Heartbeat | schema.HeartbeatV1) -> None:
     """Everything that can be refused is refused before anything is written."""
     reported = {g.uuid for g in heartbeat.gpus}
     fields: dict[str, list[str]] = {}
@@ -101,7 +100,8 @@ def _validate_references(heartbeat: schema.Heartbeat) -> None:
             fields[f"gpus.{i}.index"] = [f"Index {g.index} is reported twice."]
         seen_uuid.add(g.uuid)
         seen_index.add(g.index)
-    for i, s in enumerate(heartbeat.samples):
+    samples: Sequence[schema.GpuSample | schema.GpuSeries] = heartbeat.samples
+    for i, s in enumerate(samples):
         if s.uuid not in reported:
             fields[f"samples.{i}.uuid"] = [f"GPU {s.uuid} is not among this heartbeat's gpus."]
             break
@@ -112,19 +112,41 @@ def _validate_references(heartbeat: schema.Heartbeat) -> None:
 
 @transaction.atomic
 def heartbeat_ingest(
-    *, server: Server, heartbeat: schema.Heartbeat, now: datetime | None = None
+    *, server: Server, heartbeat: schema.Heartbeat | schema.HeartbeatV1, now: datetime | None = None
 ) -> schema.HeartbeatReply:
     """Take in one heartbeat of ``server``'s agent and answer with the desired state for the node."""
-    now = now or timezone.now()
+    _check_node(server, heartbeat)
+    _validate_references(heartbeat)
+    locked, gpus = _lock_server_and_read_gpus(server)
+    return _ingest(locked, gpus, heartbeat, now or timezone.now())
+
+
+@transaction.atomic
+def heartbeat_ingest_with_credential(
+    *, credential: str, heartbeat: schema.Heartbeat | schema.HeartbeatV1, now: datetime | None = None
+) -> schema.HeartbeatReply:
+    """``heartbeat_ingest`` for the agent endpoint: the node credential is verified by the statement that locks
+    its server and reads the GPUs, so a heartbeat costs no statement of its own for authentication. A refused
+    credential raises ``CredentialRefused`` before anything is written."""
+    server, gpus = _lock_server_and_read_gpus_for_credential(credential)
+    _check_node(server, heartbeat)
+    _validate_references(heartbeat)
+    return _ingest(server, gpus, heartbeat, now or timezone.now())
+
+
+def _check_node(server: Server, heartbeat: schema.Heartbeat | schema.HeartbeatV1) -> None:
     if heartbeat.node.hostname.lower() != server.hostname:
         raise PermissionDenied(
             "This node credential belongs to another server.",
             code="wrong_node",
             fields={"node.hostname": [f"Expected {server.hostname}."]},
         )
-    _validate_references(heartbeat)
+
+
+def _ingest(
+    server: Server, found: list[Gpu], heartbeat: schema.Heartbeat | schema.HeartbeatV1, now: datetime
+) -> schema.HeartbeatReply:
     actor = f"agent:{server.hostname}"
-    server, found = _lock_server_and_read_gpus(server)
     events: list[ServerEvent] = []
 
     gpus: dict[str, Gpu] = {g.uuid: g for g in found}
@@ -207,19 +229,15 @@ def heartbeat_ingest(
                 previous_fields[uuid] = {}
 
     # --- samples: latest reading per GPU, minute folds, skipping what was folded before ---------------------
-    per_gpu: dict[str, list[schema.GpuSample]] = defaultdict(list)
-    for sample in heartbeat.samples:
-        per_gpu[sample.uuid].append(sample)
-    accepted: dict[str, list[schema.GpuSample]] = {}
-    for uuid, samples in per_gpu.items():
+    accepted: dict[str, GpuColumns] = {}
+    for uuid, columns in columns_by_gpu(heartbeat).items():
         gpu = gpus[uuid]
-        watermark = gpu.telemetry_at
-        fresh = sorted((s for s in samples if watermark is None or _aware(s.ts) > watermark), key=lambda s: s.ts)
-        if not fresh:
+        fresh = columns.after(None if gpu.telemetry_at is None else to_us(gpu.telemetry_at))
+        if not fresh.ts:
             continue
         accepted[uuid] = fresh
-        gpu.telemetry = {k: v for k, v in fresh[-1].fields.items() if v is not None}
-        gpu.telemetry_at = _aware(fresh[-1].ts)
+        gpu.telemetry = {k: v for k, v in fresh.latest().items() if v is not None}
+        gpu.telemetry_at = from_us(fresh.ts[-1])
         dirty.update({"telemetry", "telemetry_at"})
 
     xids: dict[str, list[int]] = defaultdict(list)
@@ -230,11 +248,13 @@ def heartbeat_ingest(
     # --- health ---------------------------------------------------------------------------------------------
     limit = settings.FLEET_GPU_TEMP_LIMIT_C
     for uuid, gpu in gpus.items():
+        new = accepted.get(uuid)
         verdict = health.evaluate(
             current_reasons=gpu.health_reasons,
             present=uuid in reported,
             previous_fields=previous_fields[uuid],
-            new_samples=[s.fields for s in accepted.get(uuid, ())],
+            dbe_readings=new.fields.get(schema.ECC_DBE_VOL, ()) if new else (),
+            latest=new.latest() if new else None,
             xids=xids.get(uuid, ()),
             temp_limit_c=limit,
         )
@@ -274,9 +294,13 @@ def heartbeat_ingest(
             changed[uuid] = gpu
 
     # --- writes: updates before inserts, so a replacement card can take a missing card's index -----------
+    # A steady heartbeat's three writes (GPUs, minutes, server) go to the database together: one round trip.
+    writes: list[Statement] = []
     if changed:
-        bulk_set(list(changed.values()), sorted(dirty))
+        writes.append(bulk_set_statement(list(changed.values()), sorted(dirty)))
     if created:
+        execute_together(writes)
+        writes = []
         Gpu.objects.bulk_create(created)
         for gpu in created:
             events.append(
@@ -306,22 +330,11 @@ def heartbeat_ingest(
                 )
 
     folds: dict[tuple[int, datetime], MinuteFold] = {}
-    for uuid, samples in accepted.items():
-        gpu_id = gpus[uuid].pk
-        # Samples are in time order: split them into runs of one minute, then fold each run at once.
-        run: list[dict[str, float | None]] = []
-        minute = ends = None
-        for sample in samples:
-            if ends is None or _aware(sample.ts) >= ends:
-                if run:
-                    folds.setdefault((gpu_id, minute), MinuteFold()).add_all(run)  # type: ignore[arg-type]
-                minute = minute_of(sample.ts)
-                ends = minute + ONE_MINUTE
-                run = []
-            run.append(sample.fields)
-        if run:
-            folds.setdefault((gpu_id, minute), MinuteFold()).add_all(run)  # type: ignore[arg-type]
-    write_minutes(folds)
+    for uuid, columns in accepted.items():
+        columns.fold_into(folds, gpus[uuid].pk)
+    minutes = minutes_statement(folds)
+    if minutes is not None:
+        writes.append(minutes)
 
     updates: dict[str, Any] = {
         "last_heartbeat_at": now,
@@ -345,7 +358,12 @@ def heartbeat_ingest(
                 data={"seq": heartbeat.seq},
             )
         )
-    update_row(server, updates)
+    writes.append(update_row_statement(server, updates))
+    # Dispatch's probe reads launches and reservations, which neither these writes nor the events touch: it
+    # rides along with them. Reported containers change launches first, so then it runs after them, on its own.
+    probe_at = timezone.now()
+    probe = None if heartbeat.containers else desired.work_probe(server, probe_at)
+    work = execute_together(writes, query=probe)
     for field, value in updates.items():
         setattr(server, field, value)
     if events:
@@ -353,7 +371,9 @@ def heartbeat_ingest(
 
     if heartbeat.containers:
         desired.containers_reported(server, heartbeat.containers, now)
-    wanted, stop = desired.desired_state_for(server)
+        wanted, stop = desired.desired_state_for(server)
+    else:
+        wanted, stop = desired.desired_state_for(server, now=probe_at, has_work=work is not None)
     return schema.HeartbeatReply(
         server=server.hostname,
         server_state=server.state,
@@ -363,38 +383,81 @@ def heartbeat_ingest(
     )
 
 
-_SERVER_FIELDS = ("state", "state_before_offline", "heartbeat_interval_s")
+# Columns of the server the heartbeat overwrites or never reads: the join repeats the server's columns on every
+# GPU's row, and the driver would decode each of them once per GPU.
+_SERVER_DEFERRED = frozenset({"facts", "last_heartbeat_at", "created_at"})
 
 
-@functools.cache
-def _server_and_gpus_sql() -> str:
+def _gpus_sql(where: str, credential: bool) -> str:
     qn = connection.ops.quote_name
-    server_columns = ", ".join(f"s.{qn(name)} AS server_{name}" for name in _SERVER_FIELDS)
+    server, gpu = qn(Server._meta.db_table), qn(Gpu._meta.db_table)
+    columns = [rows.select_list(Server, "s", "s_", _SERVER_DEFERRED), rows.select_list(Gpu, "g", "g_")]
+    joins = f"{server} s LEFT JOIN {gpu} g ON g.server_id = s.id"
+    if credential:
+        columns.insert(0, "c.id, c.digest, c.revoked_at")
+        joins = (
+            f"{qn(NodeCredential._meta.db_table)} c JOIN {server} s ON s.id = c.server_id "
+            f"LEFT JOIN {gpu} g ON g.server_id = s.id"
+        )
     # PostgreSQL refuses FOR UPDATE on the nullable side of an outer join: only the server row is locked.
     # SQLite has no row locks; its IMMEDIATE transactions already serialise writers.
     lock = " FOR UPDATE OF s" if connection.features.has_select_for_update_of else ""
-    return (
-        f"SELECT g.*, {server_columns} FROM {qn(Server._meta.db_table)} s "  # noqa: S608 - identifiers only
-        f"LEFT JOIN {qn(Gpu._meta.db_table)} g ON g.server_id = s.id WHERE s.id = %s{lock}"
-    )
+    return f"SELECT {', '.join(columns)} FROM {joins} WHERE {where}{lock}"  # noqa: S608 - identifiers only
+
+
+@functools.cache
+def _server_and_gpus_sql(vendor: str) -> str:
+    return _gpus_sql("s.id = %s", credential=False)
+
+
+@functools.cache
+def _credential_server_and_gpus_sql(vendor: str) -> str:
+    return _gpus_sql("c.lookup = %s", credential=True)
+
+
+def _server_and_gpus(found: Sequence[Sequence[Any]], offset: int) -> tuple[Server, list[Gpu]]:
+    width = rows.width(Server, _SERVER_DEFERRED)
+    server = rows.build(Server, found[0][offset : offset + width], _SERVER_DEFERRED)
+    gpus = []
+    for row in found:
+        values = row[offset + width :]
+        if values[0] is None:
+            continue  # a server without GPUs comes back as one row of nulls on the GPU side
+        gpu = rows.build(Gpu, values)
+        gpu.server = server
+        gpus.append(gpu)
+    return server, gpus
 
 
 def _lock_server_and_read_gpus(server: Server) -> tuple[Server, list[Gpu]]:
-    """Lock the server row and read its GPUs in one statement; the server comes back with its state re-read.
+    """Lock the server row and read it and its GPUs in one statement.
 
     The row lock serialises heartbeats of one server (an agent retrying while the first is still in flight),
     and the state read under it is the one the heartbeat acts on (node-loss detection may have just moved it).
     """
-    rows = list(Gpu.objects.raw(_server_and_gpus_sql(), [server.pk]))
-    if not rows:
+    with connection.cursor() as cursor:
+        cursor.execute(_server_and_gpus_sql(connection.vendor), [server.pk])
+        found = cursor.fetchall()
+    if not found:
         raise Server.DoesNotExist(f"server {server.pk} no longer exists")
-    locked = copy.copy(server)
-    for name in _SERVER_FIELDS:
-        setattr(locked, name, rows[0].__dict__[f"server_{name}"])
-    gpus = [gpu for gpu in rows if gpu.pk is not None]  # a server without GPUs comes back as one empty row
-    for gpu in gpus:
-        gpu.server = locked
-    return locked, gpus
+    return _server_and_gpus(found, 0)
+
+
+def _lock_server_and_read_gpus_for_credential(credential: str) -> tuple[Server, list[Gpu]]:
+    """``_lock_server_and_read_gpus`` found by the node credential, which it verifies: unknown, forged or
+    revoked is ``CredentialRefused``. The credential row is read, not locked: a revocation committed meanwhile
+    refuses the next heartbeat, as it did when authentication ran before the transaction."""
+    lookup = tokens.parse(credential, tokens.NODE_CREDENTIAL)
+    if lookup is None:
+        raise CredentialRefused("The bearer token is not a node credential.")
+    with connection.cursor() as cursor:
+        cursor.execute(_credential_server_and_gpus_sql(connection.vendor), [lookup])
+        found = cursor.fetchall()
+    if not found or not tokens.matches(credential, found[0][1]):
+        raise CredentialRefused("The node credential is not valid.")
+    if found[0][2] is not None:
+        raise CredentialRefused("The node credential was revoked; enroll the node again.")
+    return _server_and_gpus(found, 3)
 
 
 def _health_sentence(gpu: Gpu, raised: list[str], cleared: list[str], verdict: health.Health) -> str:

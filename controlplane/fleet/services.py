@@ -16,7 +16,7 @@ from django.utils import timezone
 from controlplane.core import tokens
 from controlplane.core.errors import Conflict, PermissionDenied, ValidationFailed
 from controlplane.fleet import desired, health
-from controlplane.fleet.ingest import heartbeat_ingest
+from controlplane.fleet.ingest import heartbeat_ingest, heartbeat_ingest_with_credential
 from controlplane.fleet.models import GpuTelemetryMinute, JoinToken, NodeCredential
 from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
@@ -28,6 +28,7 @@ __all__ = [
     "detect_lost_servers",
     "gpu_acknowledge",
     "heartbeat_ingest",
+    "heartbeat_ingest_with_credential",
     "join_token_create",
     "join_token_revoke",
     "prune_telemetry",

@@ -10,6 +10,15 @@ from tests.factories import OperatorFactory
 from tests.fleet.helpers import enroll, h100_model
 
 
+@pytest.fixture(autouse=True, params=[1, 2], ids=["wire-v1", "wire-v2"])
+def wire_version(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Every fleet test runs with heartbeats of both wire versions: the agent sends 2, older agents 1."""
+    from tests.fleet import helpers
+
+    monkeypatch.setattr(helpers, "WIRE_VERSION", request.param)
+    return int(request.param)
+
+
 @pytest.fixture
 def operator(db: Any) -> Any:
     return OperatorFactory(username="opal")

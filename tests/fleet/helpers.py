@@ -48,6 +48,10 @@ def sample_fields(**overrides: float | None) -> dict[str, float | None]:
     return fields
 
 
+# The wire version ``heartbeat`` builds when not told; tests/fleet/conftest.py runs the fleet's tests with each.
+WIRE_VERSION = schema.HEARTBEAT_SCHEMA_VERSION
+
+
 def heartbeat(
     hostname: str,
     *,
@@ -57,15 +61,17 @@ def heartbeat(
     start: datetime = T0,
     fields: dict[str, dict[str, float | None]] | None = None,
     events: list[dict[str, Any]] | None = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
-    """A heartbeat as the agent sends it. ``fields`` overrides sample fields per GPU uuid."""
+    """A heartbeat as the agent sends it. ``fields`` overrides sample fields per GPU uuid. ``version`` 1 is one
+    object per sample (older agents); 2 is columns per GPU, built by the agent's own code."""
     gpus = gpu_facts(hostname) if gpus is None else gpus
     samples = []
     for g in gpus:
         for i in range(samples_per_gpu):
             f = sample_fields(**(fields or {}).get(g["uuid"], {}))
             samples.append({"uuid": g["uuid"], "ts": (start + timedelta(seconds=i)).isoformat(), "fields": f})
-    return {
+    body = {
         "schema_version": 1,
         "seq": seq,
         "sent_at": (start + timedelta(seconds=samples_per_gpu)).isoformat(),
@@ -75,12 +81,19 @@ def heartbeat(
         "events": events or [],
         "containers": [],
     }
+    return to_wire(body, version)
+
+
+def to_wire(body: dict[str, Any], version: int | None = None) -> dict[str, Any]:
+    """A version 1 body (one object per sample, easy for a test to edit) as ``version`` sends it."""
+    if (version or WIRE_VERSION) == 1:
+        return body
+    series = schema.series_from_samples(schema.GpuSample.model_validate(s) for s in body["samples"])
+    return {**body, "schema_version": 2, "samples": [s.model_dump(mode="json") for s in series]}
 
 
 def ingest(server: Server, body: dict[str, Any], now: datetime | None = None) -> schema.HeartbeatReply:
-    return services.heartbeat_ingest(
-        server=server, heartbeat=schema.Heartbeat.model_validate_json(json.dumps(body)), now=now
-    )
+    return services.heartbeat_ingest(server=server, heartbeat=schema.parse_heartbeat(json.dumps(body)), now=now)
 
 
 def enroll(hostname: str = "node-a", *, operator: Any = None) -> tuple[Server, str]:

@@ -192,7 +192,13 @@ def test_acknowledging_a_healthy_gpu_is_a_conflict(beats: Beats, operator: Any) 
 
 def test_health_rule_without_samples_keeps_temperature() -> None:
     verdict = health.evaluate(
-        current_reasons=[health.TEMPERATURE], present=True, previous_fields={}, new_samples=[], xids=[], temp_limit_c=90
+        current_reasons=[health.TEMPERATURE],
+        present=True,
+        previous_fields={},
+        dbe_readings=[],
+        latest=None,
+        xids=[],
+        temp_limit_c=90,
     )
     assert verdict.reasons == (health.TEMPERATURE,)
 

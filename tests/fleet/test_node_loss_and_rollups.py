@@ -14,7 +14,7 @@ from controlplane.inventory.choices import EventKind, ServerState
 from controlplane.inventory.models import Server, ServerEvent
 from controlplane.inventory.services import NODE_LOSS_ACTOR, server_set_state
 from nodeagent import schema
-from tests.fleet.helpers import T0, gpu_uuid, heartbeat, ingest, sample_fields
+from tests.fleet.helpers import T0, gpu_uuid, heartbeat, ingest, sample_fields, to_wire
 
 pytestmark = pytest.mark.django_db
 
@@ -68,7 +68,7 @@ def test_celery_task_runs_the_detector(node: Any) -> None:
 
 def test_rollup_arithmetic_across_heartbeats_and_minutes(node: Any) -> None:
     uuid = gpu_uuid("node-a", 0)
-    first = heartbeat("node-a", seq=1, samples_per_gpu=2, start=T0 + timedelta(seconds=50))
+    first = heartbeat("node-a", seq=1, samples_per_gpu=2, start=T0 + timedelta(seconds=50), version=1)
     util = iter([10.0, 30.0, 90.0, 20.0, 40.0])
     for sample in first["samples"]:
         if sample["uuid"] == uuid:
@@ -79,8 +79,8 @@ def test_rollup_arithmetic_across_heartbeats_and_minutes(node: Any) -> None:
                     schema.TOTAL_ENERGY: 5000.0 if sample["ts"].endswith(":50+00:00") else 5100.0,
                 }
             )
-    ingest(node[0], first)
-    second = heartbeat("node-a", seq=2, samples_per_gpu=3, start=T0 + timedelta(seconds=58))
+    ingest(node[0], to_wire(first))
+    second = heartbeat("node-a", seq=2, samples_per_gpu=3, start=T0 + timedelta(seconds=58), version=1)
     energy = iter([5900.0, 6000.0, 6100.0])
     for sample in second["samples"]:
         if sample["uuid"] == uuid:
@@ -92,7 +92,7 @@ def test_rollup_arithmetic_across_heartbeats_and_minutes(node: Any) -> None:
                     schema.TOTAL_ENERGY: next(energy),
                 }
             )
-    ingest(node[0], second)
+    ingest(node[0], to_wire(second))
     rows = list(GpuTelemetryMinute.objects.filter(gpu__uuid=uuid).order_by("minute"))
     assert [r.minute for r in rows] == [T0, T0 + timedelta(minutes=1)]
     minute0, minute1 = rows
@@ -118,7 +118,7 @@ def test_old_rollups_are_pruned(node: Any) -> None:
     assert GpuTelemetryMinute.objects.count() == 0
 
 
-def test_folding_a_run_of_samples_at_once_equals_folding_them_one_by_one() -> None:
+def test_folding_columns_at_once_equals_folding_samples_one_by_one() -> None:
     from controlplane.fleet.rollup import MinuteFold
 
     readings = [sample_fields(**{schema.GPU_UTIL: 10.0 * i, schema.TOTAL_ENERGY: 1000.0 + i}) for i in range(1, 6)] + [
@@ -128,8 +128,10 @@ def test_folding_a_run_of_samples_at_once_equals_folding_them_one_by_one() -> No
     one_by_one, at_once = MinuteFold(), MinuteFold()
     for fields in readings:
         one_by_one.add(fields)
-    at_once.add_all(readings[:3])
-    at_once.add_all(readings[3:])
+    names = {name for fields in readings for name in fields}
+    columns = {name: [fields.get(name) for fields in readings] for name in names}
+    at_once.add_columns(columns, 0, 3)
+    at_once.add_columns(columns, 3, len(readings))
     assert at_once == one_by_one
     assert at_once.util_samples == 5 and at_once.util_max == 50.0 and at_once.temp_max_c == 90.0
     assert (at_once.energy_first_mj, at_once.energy_last_mj) == (1001.0, 1005.0)

@@ -103,8 +103,8 @@ class ControlPlaneDouble:
             }
         return 404, {"error": {"code": "not_found", "message": "no such endpoint", "fields": {}}}
 
-    def accepted_samples(self) -> list[tuple[str, str]]:
-        return [(s["uuid"], s["ts"]) for hb in self.accepted for s in hb["samples"]]
+    def accepted_samples(self) -> list[tuple[str, float]]:
+        return [(s["uuid"], s["ts"]) for hb in self.accepted for s in samples_of(hb)]
 
     def accepted_events(self) -> list[dict[str, Any]]:
         return [e for hb in self.accepted for e in hb["events"]]
@@ -126,3 +126,13 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         self._now += timedelta(seconds=seconds)
         self._mono += seconds
+
+
+def samples_of(heartbeat: dict[str, Any]) -> list[dict[str, Any]]:
+    """A version 2 heartbeat's series back as one ``{uuid, ts, fields}`` per sample, in the order sent."""
+    out = []
+    for series in heartbeat["samples"]:
+        for i, ts in enumerate(series["ts"]):
+            fields = {name: values[i] for name, values in series["fields"].items()}
+            out.append({"uuid": series["uuid"], "ts": ts, "fields": fields})
+    return out

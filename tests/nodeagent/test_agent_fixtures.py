@@ -33,14 +33,17 @@ def test_recording_is_a_valid_probe_report(path: Path):
     for sample in report.samples:
         assert set(sample.fields) <= set(schema.SAMPLE_FIELDS)
         # The wire format is what the control plane ingests: each sample must pass as part of a heartbeat.
-    schema.Heartbeat(
-        seq=1,
-        sent_at=report.recorded_at,
-        node=report.node,
-        gpus=report.gpus,
-        samples=report.samples,
-        events=report.events,
-    )
+    for version, samples in ((schema.HeartbeatV1, report.samples), (schema.Heartbeat, None)):
+        heartbeat = version(
+            seq=1,
+            sent_at=report.recorded_at,
+            node=report.node,
+            gpus=report.gpus,
+            samples=samples if samples is not None else schema.series_from_samples(report.samples),
+            events=report.events,
+        )
+        # As the control plane reads it: from the JSON the agent sends.
+        assert schema.parse_heartbeat(heartbeat.model_dump_json()) == heartbeat
 
 
 def test_a_real_recording_names_its_driver_and_what_it_could_not_read():

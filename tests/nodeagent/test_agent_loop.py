@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from control_plane_double import ControlPlaneDouble, FakeClock
+from control_plane_double import ControlPlaneDouble, FakeClock, samples_of
 
 from nodeagent import schema
 from nodeagent.agent import Agent, AgentState, AgentStopped
@@ -92,7 +92,9 @@ def test_enrolls_saves_a_private_credential_then_heartbeats(control_plane, clock
     assert stat.S_IMODE(credential.stat().st_mode) == 0o600
     [hb] = control_plane.accepted
     assert hb["node"]["simulated"] is True and hb["node"]["backend"] == "simulated"
-    assert len(hb["gpus"]) == 2 and len(hb["samples"]) == 2
+    assert len(hb["gpus"]) == 2 and len(samples_of(hb)) == 2
+    assert hb["schema_version"] == schema.HEARTBEAT_SCHEMA_VERSION  # columns, one series per GPU
+    assert [s["uuid"] for s in hb["samples"]] == [g["uuid"] for g in hb["gpus"]]
     assert hb["node"]["container_runtime"]["kind"] == "none"
 
 
@@ -164,8 +166,10 @@ def test_long_outage_drops_the_oldest_and_reports_how_many(control_plane, clock,
     reports = [e for e in control_plane.accepted_events() if "dropped the oldest" in e["message"]]
     assert len(reports) == 1 and f"{dropped} samples" in reports[0]["message"]
     # What arrived after the outage is the newest 20, in order.
-    after = [ts for _, ts in control_plane.accepted_samples()[2:]]
-    assert after == sorted(after)
+    after = control_plane.accepted_samples()[2:]
+    for uuid in {u for u, _ in after}:
+        times = [ts for u, ts in after if u == uuid]
+        assert times == sorted(times)
 
 
 def test_a_revoked_credential_stops_the_agent_and_sets_it_aside(control_plane, clock, tmp_path):
@@ -226,7 +230,7 @@ def test_desired_containers_go_to_the_runtime_and_reports_come_back(control_plan
     assert hb["node"]["container_runtime"]["kind"] == "docker"
     # The simulated GPU reflects the runtime's busy set.
     run_for(agent, clock, 20)
-    last = {s["uuid"]: s["fields"] for s in control_plane.accepted[-1]["samples"]}
+    last = {s["uuid"]: s["fields"] for s in samples_of(control_plane.accepted[-1])}
     assert last[gpu][schema.GPU_UTIL] >= 80
 
 

@@ -9,10 +9,11 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,18 +26,21 @@ from controlplane.fleet.api.serializers import (
     JoinTokenIssuedSerializer,
     JoinTokenSerializer,
 )
-from controlplane.fleet.authentication import IsNodeAgent, NodeCredentialAuthentication
-from controlplane.fleet.models import JoinToken, NodeCredential
+from controlplane.fleet.authentication import (
+    CredentialRefused,
+    DeferredNodeCredentialAuthentication,
+    IsNodeAgent,
+    PresentedNodeCredential,
+)
+from controlplane.fleet.models import JoinToken
 from controlplane.inventory.api.permissions import IsOperator
 from nodeagent import schema
 
 
-def _pydantic_fields(exc: pydantic.ValidationError) -> dict[str, list[str]]:
-    fields: dict[str, list[str]] = {}
-    for err in exc.errors(include_url=False, include_input=False):
-        path = ".".join(str(part) for part in err["loc"]) or "body"
-        fields.setdefault(path, []).append(err["msg"])
-    return fields
+def _refused(exc: pydantic.ValidationError) -> ValidationFailed:
+    fields = schema.error_fields(exc)
+    first = next(iter(fields))
+    return ValidationFailed(f"{first}: {fields[first][0]}", fields=fields)
 
 
 def parse_wire(model: type[pydantic.BaseModel], raw: bytes) -> Any:
@@ -44,9 +48,7 @@ def parse_wire(model: type[pydantic.BaseModel], raw: bytes) -> Any:
     try:
         return model.model_validate_json(raw)
     except pydantic.ValidationError as exc:
-        fields = _pydantic_fields(exc)
-        first = next(iter(fields))
-        raise ValidationFailed(f"{first}: {fields[first][0]}", fields=fields)
+        raise _refused(exc) from None
 
 
 def _too_big(limit: int) -> Response:
@@ -91,15 +93,22 @@ class AgentEnrollView(APIView):
 class AgentHeartbeatView(APIView):
     """The agent's report; the reply is the node's desired state. Only the credential's own server is reachable."""
 
-    authentication_classes = [NodeCredentialAuthentication]
+    authentication_classes = [DeferredNodeCredentialAuthentication]
     permission_classes = [IsNodeAgent]
     parser_classes = [JSONParser]
+    # Agents read JSON only; negotiating among the browsable API's renderers cost every heartbeat.
+    renderer_classes = [JSONRenderer]
     # Heartbeats come at a fixed cadence from authenticated nodes; the anonymous-rate throttle would cut off a
     # fleet behind one NAT address.
     throttle_classes: list[type] = []
 
     @extend_schema(
         request=schema.Heartbeat,
+        description=(
+            "Version 2 of the heartbeat (samples as one series of columns per GPU) is documented; version 1 "
+            "(one object per sample, `schema_version: 1`, `HeartbeatV1` in nodeagent/schema.py) is still "
+            "accepted from older agents."
+        ),
         responses={
             200: schema.HeartbeatReply,
             400: OpenApiResponse(description="Malformed heartbeat"),
@@ -122,10 +131,16 @@ class AgentHeartbeatView(APIView):
             return _too_big(limit)
         if len(raw) > limit:
             return _too_big(limit)
-        heartbeat = parse_wire(schema.Heartbeat, raw)
+        try:
+            heartbeat = schema.parse_heartbeat(raw)
+        except pydantic.ValidationError as exc:
+            raise _refused(exc) from None
         credential = request.auth
-        assert isinstance(credential, NodeCredential)  # IsNodeAgent
-        reply = services.heartbeat_ingest(server=credential.server, heartbeat=heartbeat)
+        assert isinstance(credential, PresentedNodeCredential)  # IsNodeAgent
+        try:
+            reply = services.heartbeat_ingest_with_credential(credential=credential.plaintext, heartbeat=heartbeat)
+        except CredentialRefused as exc:
+            raise exceptions.AuthenticationFailed(exc.message) from None
         return HttpResponse(reply.model_dump_json(), content_type="application/json")
 
 
