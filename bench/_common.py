@@ -75,3 +75,52 @@ def django_on_fresh_database(script: str, default_url: str, **extra_env: str) ->
 
     django.setup()
     return url, env
+
+
+def http_floor(
+    port: int, *, path: str, clients: int, seconds: float, headers: dict[str, str] | None = None
+) -> dict[str, float]:
+    """The web stack's floor: ``clients`` keep-alive threads GET ``path`` for ``seconds``, as fast as it answers.
+
+    Run on the same gunicorn as the API phase, it tells what any request costs before the endpoint does its
+    work, so an endpoint's rate can be read against what the stack allows at all."""
+    import statistics
+    import threading
+
+    latencies: list[float] = []
+    failures = [0]
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def client() -> None:
+        mine: list[float] = []
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            conn.request("GET", path, headers=headers or {})
+            response = conn.getresponse()
+            response.read()
+            if response.status == 200:
+                mine.append(time.perf_counter() - t0)
+            else:
+                with lock:
+                    failures[0] += 1
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    ordered = sorted(latencies) or [0.0]
+    return {
+        "requests": len(latencies),
+        "failures": failures[0],
+        "rate": len(latencies) / elapsed,
+        "p50": 1000 * statistics.median(ordered),
+        "p99": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    }

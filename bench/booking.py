@@ -14,6 +14,10 @@ automation sends. Phase 2 has the same
 number of threads INSERT rows straight into a table with the same exclusion constraint (the ceiling for a
 booking at all). Phase 3 times the earliest-window search on 1,000 servers x 8 GPUs holding 50,000 future
 allocations. Goals: API >= 10% of the raw rate with p99 < 50 ms; search p95 < 100 ms.
+
+With the API phases, the stack's floor on the same web server: GET /healthz (one SELECT 1) and GET /api/v1/me/
+(DRF with token authentication and one read), as fast as they answer: the most requests per second any
+endpoint could take here, read against the same raw rate.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from _common import django_on_fresh_database, free_port, wait_for
+from _common import django_on_fresh_database, free_port, http_floor, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
@@ -123,11 +127,7 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def phase_api(
-    args: argparse.Namespace, env: dict[str, str], token: str, slugs: list[str], *, idempotency_keys: bool
-) -> dict[str, float]:
-    import requests
-
+def start_web(args: argparse.Namespace, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     # As deployed: threaded workers, so keep-alive connections are kept and a worker waiting on the
     # database does not leave the CPU idle.
@@ -151,11 +151,20 @@ def phase_api(
         cwd=ROOT,
         env=env,
     )
+    wait_for(port, proc)
+    return proc, port
+
+
+def phase_api(
+    args: argparse.Namespace, env: dict[str, str], token: str, slugs: list[str], *, idempotency_keys: bool
+) -> dict[str, float]:
+    import requests
+
+    proc, port = start_web(args, env)
     latencies: list[float] = []
     counts = {"created": 0, "conflict": 0, "errors": 0}
     lock = threading.Lock()
     try:
-        wait_for(port, proc)
         url = f"http://127.0.0.1:{port}/api/v1/reservations/"
         deadline = time.monotonic() + args.seconds
 
@@ -208,6 +217,28 @@ def phase_api(
         "p50": 1000 * pct(latencies, 0.50),
         "p99": 1000 * pct(latencies, 0.99),
     }
+
+
+def phase_floor(args: argparse.Namespace, env: dict[str, str], token: str) -> dict[str, dict[str, float]]:
+    """The stack's floor on the same kind of web server: what a request costs before an endpoint does any work."""
+    proc, port = start_web(args, env)
+    try:
+        seconds = min(args.seconds, 10.0)
+        return {
+            "GET /healthz (Django, one SELECT 1)": http_floor(
+                port, path="/healthz", clients=args.clients, seconds=seconds
+            ),
+            "GET /api/v1/me/ (DRF, token auth, one read)": http_floor(
+                port,
+                path="/api/v1/me/",
+                clients=args.clients,
+                seconds=seconds,
+                headers={"Authorization": f"Bearer {token}"},
+            ),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def phase_raw(url: str, args: argparse.Namespace) -> dict[str, float]:
@@ -346,12 +377,14 @@ def main() -> None:
     )
 
     slugs = [p.slug for p in projects]
-    api = keyed = raw = search = None
+    api = keyed = raw = search = floor = None
     if "api" in phases:
         api = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=False)
         print(f"API phase without Idempotency-Key done; {load()}", flush=True)
         keyed = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=True)
         print(f"API phase with Idempotency-Key done; {load()}", flush=True)
+        floor = phase_floor(args, env, issued.plaintext)
+        print(f"floor phase done; {load()}", flush=True)
     if "raw" in phases or "api" in phases:  # the API figures mean nothing without their baseline
         raw = phase_raw(url, args)
         print(f"raw INSERT phase done; {load()}", flush=True)
@@ -382,6 +415,14 @@ def main() -> None:
                 f"API {label}: {ratio:.1%} of raw (goal >= 10%), p99 {result['p99']:.1f} ms (goal < 50 ms); "
                 f"409s (no capacity) {result['conflict']:,.0f}, other errors {result['errors']:,.0f}"
             )
+    if floor is not None and raw is not None:
+        print()
+        for label, result in floor.items():
+            print(
+                f"stack floor, {label}: {result['rate']:,.0f} requests/s = {result['rate'] / raw['rate']:.1%} of raw "
+                f"(p50 {result['p50']:.1f} ms, p99 {result['p99']:.1f} ms)"
+            )
+        print("  (no endpoint on this stack can book faster than these; the goal asks 10% of raw)")
     if search is not None:
         print(
             f"earliest-window search, {search['n']} queries ({search['found']} found): p50 {search['p50']:.1f} ms, "

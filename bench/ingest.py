@@ -1,7 +1,7 @@
 """Heartbeat ingest through the real HTTP stack, beside a raw PostgreSQL COPY of the same sample rows.
 
     .venv/bin/python bench/ingest.py [--servers 32] [--gpus 8] [--seconds 15] [--workers 3] [--threads 4]
-                                     [--clients 16] [--batches 5,30]
+                                     [--clients 16] [--batches 5,30] [--wire 2]
 
 DATABASE_URL (default postgres://postgres@127.0.0.1:5432/bench_ingest) must be PostgreSQL; the bench drops and
 recreates that database, whose name must start with "bench".
@@ -16,6 +16,10 @@ cadence (8 GPUs x 5 s = 40 GPU-samples per heartbeat); 30 is what the agent send
 its buffer drains. The clients build each body before the clock starts for that request, so the latency is the
 server's; their CPU is reported, since on one machine it is taken from the server.
 
+After the API runs, the stack's floor on the same web server: GET /healthz, which does nothing but one
+``SELECT 1``, as fast as it answers. No endpoint on this stack can take more requests per second, so the
+floor times the samples per heartbeat is the most that configuration could reach.
+
 The baseline, measured in the same run: PostgreSQL COPY of exactly the rows the API accepted, in 10,000-row
 batches into an unindexed flat table, the rows encoded before the clock starts (the ceiling for storing
 samples at all). The goal is API samples/s >= 10% of it.
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import statistics
 import subprocess
@@ -35,7 +38,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from _common import django_on_fresh_database, free_port, wait_for
+from _common import django_on_fresh_database, free_port, http_floor, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_ingest"
@@ -64,41 +67,52 @@ def sample_rows(hostname: str, gpus: int, seconds: int, start: datetime, beat: i
     return rows
 
 
-def heartbeat_body(hostname: str, seq: int, gpus: int, rows: list[Row]) -> bytes:
+FIELDS = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+)  # the order of a Row's values
+
+
+def heartbeat_body(hostname: str, seq: int, gpus: int, rows: list[Row], wire: int = 2) -> bytes:
+    """The body the agent would send for these rows, built with the agent's wire models and serialised by them
+    (``nodeagent.schema``): version 2 (one ``GpuSeries`` per GPU) as the agent sends, or 1 (one ``GpuSample``
+    per reading) as older agents did."""
     from nodeagent import schema
 
-    return json.dumps(
-        {
-            "schema_version": 1,
-            "seq": seq,
-            "sent_at": rows[-1][1].isoformat(),
-            "node": {"hostname": hostname, "agent_version": "bench", "backend": "simulated", "simulated": True},
-            "gpus": [
-                {
-                    "uuid": f"GPU-{hostname}-{g}",
-                    "index": g,
-                    "name": "NVIDIA H100 80GB HBM3",
-                    "memory_total_mib": 81559,
-                    "numa_node": g // 4,
-                }
-                for g in range(gpus)
-            ],
-            "samples": [
-                {
-                    "uuid": r[0],
-                    "ts": r[1].isoformat(),
-                    "fields": {
-                        schema.GPU_UTIL: r[2],
-                        schema.FB_USED: r[3],
-                        schema.GPU_TEMP: r[4],
-                        schema.POWER_USAGE: r[5],
-                        schema.TOTAL_ENERGY: r[6],
-                    },
-                }
-                for r in rows
-            ],
-        }
-    ).encode()
+    assert FIELDS == (schema.GPU_UTIL, schema.FB_USED, schema.GPU_TEMP, schema.POWER_USAGE, schema.TOTAL_ENERGY)
+    common = {
+        "seq": seq,
+        "sent_at": rows[-1][1],
+        "node": schema.NodeFacts(hostname=hostname, agent_version="bench", backend="simulated", simulated=True),
+        "gpus": [
+            schema.GpuFacts(
+                uuid=f"GPU-{hostname}-{g}",
+                index=g,
+                name="NVIDIA H100 80GB HBM3",
+                memory_total_mib=81559,
+                numa_node=g // 4,
+            )
+            for g in range(gpus)
+        ],
+    }
+    if wire == 1:
+        samples = [schema.GpuSample(uuid=r[0], ts=r[1], fields=dict(zip(FIELDS, r[2:], strict=True))) for r in rows]
+        return schema.HeartbeatV1(**common, samples=samples).model_dump_json().encode()
+    per_gpu: dict[str, list[Row]] = {}
+    for r in rows:
+        per_gpu.setdefault(r[0], []).append(r)
+    series = [
+        schema.GpuSeries(
+            uuid=uuid,
+            ts=[r[1].timestamp() for r in readings],
+            fields={name: [r[2 + i] for r in readings] for i, name in enumerate(FIELDS)},
+        )
+        for uuid, readings in per_gpu.items()
+    ]
+    return schema.Heartbeat(**common, samples=series).model_dump_json().encode()
 
 
 def start_gunicorn(args: argparse.Namespace, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
@@ -147,7 +161,7 @@ def phase_api(
                 clock[host] = start + timedelta(seconds=batch_s)
                 beat = int(start.timestamp())
                 rows = sample_rows(host, args.gpus, batch_s, start, beat)
-                body = heartbeat_body(host, beat, args.gpus, rows)
+                body = heartbeat_body(host, beat, args.gpus, rows, args.wire)
                 headers = {"Authorization": f"Bearer {credentials[host]}", "Content-Type": "application/json"}
                 started = time.perf_counter()
                 conn.request("POST", "/api/v1/agent/heartbeat", body=body, headers=headers)
@@ -198,7 +212,8 @@ def warm_up(args: argparse.Namespace, port: int, credentials: dict[str, str], cl
         rows = sample_rows(host, args.gpus, 1, clock[host], 0)
         clock[host] += timedelta(seconds=1)
         headers = {"Authorization": f"Bearer {credential}", "Content-Type": "application/json"}
-        conn.request("POST", "/api/v1/agent/heartbeat", body=heartbeat_body(host, 0, args.gpus, rows), headers=headers)
+        body = heartbeat_body(host, 0, args.gpus, rows, args.wire)
+        conn.request("POST", "/api/v1/agent/heartbeat", body=body, headers=headers)
         response = conn.getresponse()
         body = response.read()
         if response.status != 200:
@@ -254,6 +269,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (gthread)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent client threads (keep-alive each)")
+    parser.add_argument(
+        "--wire", type=int, choices=(1, 2), default=2, help="heartbeat wire version: 2 as the agent sends, 1 as older"
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
 
@@ -273,7 +291,8 @@ def main() -> None:
 
     print(
         f"{args.servers} servers x {args.gpus} GPUs; gunicorn gthread {args.workers} workers x {args.threads} "
-        f"threads; {args.clients} keep-alive client threads; {args.seconds:g} s per API run; {os.cpu_count()} CPUs",
+        f"threads; {args.clients} keep-alive client threads; {args.seconds:g} s per API run; {os.cpu_count()} CPUs; "
+        f"heartbeat wire version {args.wire}",
         flush=True,
     )
     now = datetime.now(UTC).replace(microsecond=0)
@@ -287,6 +306,8 @@ def main() -> None:
             api = phase_api(args, port, credentials, batch_s, clock)
             # Right after its API run, while the machine is in the same state; the web server is idle meanwhile.
             results.append((batch_s, api, phase_copy(url, api["rows"])))  # type: ignore[arg-type]
+        # The stack's floor on the same server: GET /healthz (gunicorn, Django's middleware, one SELECT 1).
+        floor = http_floor(port, path="/healthz", clients=args.clients, seconds=min(args.seconds, 10.0))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -307,6 +328,19 @@ def main() -> None:
         )
         baseline = f"  raw PostgreSQL COPY of the same {api['samples']:,} rows"
         print(f"{baseline:<60} {copy['rate']:>10,.0f}")
+    print()
+    print(
+        f"stack floor, GET /healthz on the same gunicorn: {floor['rate']:,.0f} requests/s "
+        f"(p50 {floor['p50']:.1f} ms, p99 {floor['p99']:.1f} ms)"
+    )
+    for batch_s, api, copy in results:
+        per_beat = args.gpus * batch_s
+        ceiling = floor["rate"] * per_beat
+        print(
+            f"  heartbeats of {per_beat} samples at that rate would be {ceiling:,.0f} samples/s = "
+            f"{ceiling / copy['rate']:.1%} of this COPY: the most any endpoint on this stack could reach; "
+            f"the heartbeat runs at {api['beat_rate'] / floor['rate']:.0%} of the floor's rate"  # type: ignore[operator]
+        )
     print()
     print("goal: API samples/s >= 10% of raw COPY; client CPU is the share of one core the load generator used")
 

@@ -30,6 +30,7 @@ from django.db import IntegrityError, connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
+from controlplane.core import rows
 from controlplane.core.api.errors import error_body
 from controlplane.core.choices import IdempotencyState
 from controlplane.core.models import IdempotencyRecord
@@ -143,14 +144,37 @@ class IdempotencyMiddleware:
         if not storable or response.streaming:
             IdempotencyRecord.objects.filter(pk=record.pk).delete()
             return response
-        IdempotencyRecord.objects.filter(pk=record.pk, state=IdempotencyState.IN_PROGRESS).update(
-            state=IdempotencyState.COMPLETED,
-            response_status=status,
-            response_body=bytes(response.content),
-            response_content_type=response.get("Content-Type", ""),
-            completed_at=timezone.now(),
-        )
+        _complete(record, status=status, body=bytes(response.content), content_type=response.get("Content-Type", ""))
         return response
+
+
+_COMPLETE_SQL = (
+    f"UPDATE {IdempotencyRecord._meta.db_table} SET state = %s, response_status = %s, response_body = %s, "  # noqa: S608 - name from metadata
+    "response_content_type = %s, completed_at = %s WHERE id = %s AND state = %s"
+)
+
+
+def _complete(record: IdempotencyRecord, *, status: int, body: bytes, content_type: str) -> None:
+    """Store the response, if the record is still ours (in progress): a hand-written UPDATE, as it runs on
+    every keyed POST."""
+    body_field = IdempotencyRecord._meta.get_field("response_body")
+    params = [
+        IdempotencyState.COMPLETED.value,
+        status,
+        body_field.get_db_prep_save(body, connection),  # type: ignore[union-attr]
+        content_type,
+        connection.ops.adapt_datetimefield_value(timezone.now()),
+        record.pk,
+        IdempotencyState.IN_PROGRESS.value,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_COMPLETE_SQL, params)
+
+
+def _new(*, scope: str, key: str, fingerprint: str) -> IdempotencyRecord:
+    record = IdempotencyRecord(scope=scope, key=key, request_fingerprint=fingerprint)
+    rows.insert([record])
+    return record
 
 
 def _claim(*, scope: str, key: str, fingerprint: str) -> tuple[IdempotencyRecord | None, bool]:
@@ -161,8 +185,8 @@ def _claim(*, scope: str, key: str, fingerprint: str) -> tuple[IdempotencyRecord
     try:
         if connection.in_atomic_block:
             with transaction.atomic():
-                return IdempotencyRecord.objects.create(scope=scope, key=key, request_fingerprint=fingerprint), True
-        return IdempotencyRecord.objects.create(scope=scope, key=key, request_fingerprint=fingerprint), True
+                return _new(scope=scope, key=key, fingerprint=fingerprint), True
+        return _new(scope=scope, key=key, fingerprint=fingerprint), True
     except IntegrityError:
         pass
     existing = IdempotencyRecord.objects.filter(scope=scope, key=key).first()

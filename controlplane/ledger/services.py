@@ -8,15 +8,17 @@ from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery, Sum
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
+from controlplane.core import rows
 from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
 from controlplane.ledger.choices import EntryKind
 from controlplane.ledger.models import CREDIT_PLACES, LedgerEntry, QuotaPolicy
 from controlplane.ledger.selectors import ZERO, outstanding_hold, project_balance
+
+_PROJECT = Project._meta.db_table
 
 
 def credits(value: Decimal | float | int) -> Decimal:
@@ -30,12 +32,18 @@ def actor_label_for(actor: Any) -> str:
     return f"user:{actor.get_username()}"
 
 
-def lock_project(*, project_id: int) -> Project:
+def lock_project(*, project_id: int) -> None:
     """The per-project lock: bookings, extensions and ledger writes of one project go one at a time.
 
     Two concurrent bookings could otherwise both read the same balance and both pass the quota check.
+    Raises Project.DoesNotExist for an unknown project. (SQLite has no row locks; its BEGIN IMMEDIATE
+    already runs every writing transaction one at a time.)
     """
-    return Project.objects.select_for_update().get(pk=project_id)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {_PROJECT} WHERE id = %s{lock}", [project_id])  # noqa: S608 - name from metadata
+        if cursor.fetchone() is None:
+            raise Project.DoesNotExist(f"No project {project_id}.")
 
 
 def _append(
@@ -61,7 +69,7 @@ def _append(
                 f"The project has {available} credits left and this needs {-amount}.",
                 extra={"quota": "credits", "needed": str(-amount), "available": str(available)},
             )
-    return LedgerEntry.objects.create(
+    entry = LedgerEntry(
         project_id=project_id,
         kind=kind,
         amount=amount,
@@ -73,6 +81,8 @@ def _append(
         data=data or {},
         created_at=at or timezone.now(),
     )
+    rows.insert([entry])
+    return entry
 
 
 def _positive(amount: Decimal, field: str = "amount") -> Decimal:
@@ -198,6 +208,13 @@ def quota_policy_set(
     return policy
 
 
+_QUOTA_STATE_SQL = (
+    f"SELECT (SELECT max_concurrent_gpus FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "  # noqa: S608 - names from metadata
+    f"(SELECT max_reservation_hours FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "
+    f"(SELECT SUM(amount) FROM {LedgerEntry._meta.db_table} WHERE project_id = %s)"
+)
+
+
 @dataclass(frozen=True)
 class QuotaNeed:
     """What one booking (or extension) asks of the quota."""
@@ -211,21 +228,13 @@ class QuotaNeed:
 
 def _quota_state(project_id: int) -> tuple[int | None, Decimal | None, Decimal]:
     """The caps of the project's policy (None: no cap) and its balance, in one query."""
-    policy = QuotaPolicy.objects.filter(project_id=OuterRef("pk"))
-    entries = LedgerEntry.objects.filter(project_id=OuterRef("pk")).order_by().values("project_id")
-    row = (
-        Project.objects.filter(pk=project_id)
-        .values_list(
-            Subquery(policy.values("max_concurrent_gpus")[:1]),
-            Subquery(policy.values("max_reservation_hours")[:1]),
-            Subquery(entries.annotate(total=Sum("amount")).values("total")),
-        )
-        .first()
-    )
-    max_gpus, max_hours, total = row if row is not None else (None, None, None)
-    # SQLite sums decimals without their scale; quantize so both databases print "3.0000".
-    balance = (Decimal(total) if total is not None else ZERO).quantize(CREDIT_PLACES)
-    return max_gpus, (Decimal(max_hours) if max_hours is not None else None), balance
+    with connection.cursor() as cursor:
+        cursor.execute(_QUOTA_STATE_SQL, [project_id, project_id, project_id])
+        max_gpus, max_hours, total = cursor.fetchone()
+    hours_places = QuotaPolicy._meta.get_field("max_reservation_hours").decimal_places  # type: ignore[union-attr]
+    balance = rows.decimal(total, CREDIT_PLACES) if total is not None else ZERO.quantize(CREDIT_PLACES)
+    assert balance is not None
+    return max_gpus, rows.decimal(max_hours, Decimal(1).scaleb(-hours_places)), balance
 
 
 def check_quota(*, project_id: int, need: QuotaNeed) -> None:

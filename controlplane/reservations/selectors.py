@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db import connection
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 
-from controlplane.accounts.selectors import projects_visible_to
+from controlplane.accounts.models import Membership, Project
+from controlplane.accounts.selectors import is_operator, projects_visible_to
+from controlplane.core import rows
 from controlplane.inventory.choices import GpuHealth, ServerState
-from controlplane.inventory.models import Gpu
+from controlplane.inventory.models import Gpu, GpuModel, Server
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.placement import GpuSlot, ServerCandidate, place
 from controlplane.reservations.specs import GpuSpec, Window
@@ -60,20 +64,49 @@ class _ServerCount:
     free: int  # of those, free for the whole window
 
 
+# The candidate reads are written by hand: they run on every booking, and building them through the ORM cost
+# several times what the database spends answering them. They are plain SQL that both databases run (the
+# equivalence tests compare them with the ORM version kept in tests/reservations/candidates_reference.py).
+_GPU = Gpu._meta.db_table
+_SERVER = Server._meta.db_table
+_ALLOCATION = Allocation._meta.db_table
+# Over a GPU ``g``: an active allocation meets the window (parameters: its end, its start).
+_BUSY_SQL = (
+    f"EXISTS (SELECT 1 FROM {_ALLOCATION} a WHERE a.gpu_id = g.id AND a.active AND a.starts_at < %s AND a.ends_at > %s)"  # noqa: S608 - table name from metadata
+)
+
+
+def _match_sql(spec: GpuSpec) -> tuple[str, list[Any]]:
+    """``_matches_q`` as SQL over ``g``: healthy and of the spec's model or memory."""
+    if spec.gpu_model_id is not None:
+        return "(g.health = %s AND g.model_id = %s)", [GpuHealth.HEALTHY.value, spec.gpu_model_id]
+    return "(g.health = %s AND g.memory_mib >= %s)", [GpuHealth.HEALTHY.value, spec.min_memory_mib]
+
+
+def _window_params(window: Window) -> list[Any]:
+    """The bounds for ``_BUSY_SQL``, as the database stores them (SQLite keeps instants as text)."""
+    adapt = connection.ops.adapt_datetimefield_value
+    return [adapt(window.ends_at), adapt(window.starts_at)]
+
+
 def _server_counts(spec: GpuSpec, window: Window) -> list[_ServerCount]:
     """One aggregate query: per ready server, how many GPUs match and how many of those are free."""
-    matches = _matches_q(spec)
-    rows = (
-        placeable_gpus(spec)
-        .values("server_id", "server__hostname")
-        .annotate(
-            present=Count("id"),
-            matching=Count("id", filter=matches),
-            free=Count("id", filter=matches & ~Q(_busy_exists(window.starts_at, window.ends_at))),
-        )
-        .order_by()
+    match, match_params = _match_sql(spec)
+    # A GPU count only looks at matching GPUs (placeable_gpus); whole servers at every present one.
+    only_matching = f" AND {match}" if spec.whole_servers is None else ""
+    sql = (
+        f"SELECT g.server_id, s.hostname, COUNT(*), SUM(CASE WHEN {match} THEN 1 ELSE 0 END), "  # noqa: S608 - fixed SQL; values are parameters
+        f"SUM(CASE WHEN {match} AND NOT {_BUSY_SQL} THEN 1 ELSE 0 END) "
+        f"FROM {_GPU} g INNER JOIN {_SERVER} s ON s.id = g.server_id "
+        f"WHERE g.present AND s.state = %s{only_matching} GROUP BY g.server_id, s.hostname"
     )
-    return [_ServerCount(r["server_id"], r["server__hostname"], r["present"], r["matching"], r["free"]) for r in rows]
+    params = [*match_params, *match_params, *_window_params(window), ServerState.READY.value]
+    if only_matching:
+        params += match_params
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    return [_ServerCount(sid, host, present, matching, free) for sid, host, present, matching, free in found]
 
 
 def _shortlist(spec: GpuSpec, counts: list[_ServerCount], limit: int | None) -> list[_ServerCount]:
@@ -92,15 +125,21 @@ def _build(spec: GpuSpec, window: Window, servers: list[_ServerCount]) -> list[S
     """The shortlisted servers with the topology of their free matching GPUs (one query)."""
     if not servers:
         return []
-    rows = (
-        Gpu.objects.filter(server_id__in=[c.id for c in servers], present=True)
-        .filter(_matches_q(spec))
-        .exclude(_busy_exists(window.starts_at, window.ends_at))
-        .values_list("id", "server_id", "index", "numa_node", "nvlink_peers", "uuid")
+    match, match_params = _match_sql(spec)
+    ids = [c.id for c in servers]
+    sql = (
+        f'SELECT g.id, g.server_id, g."index", g.numa_node, g.nvlink_peers, g.uuid '  # noqa: S608 - fixed SQL; values are parameters
+        f"FROM {_GPU} g INNER JOIN {_SERVER} s ON s.id = g.server_id "
+        f"WHERE g.present AND g.server_id IN ({', '.join(['%s'] * len(ids))}) AND {match} AND NOT {_BUSY_SQL} "
+        'ORDER BY s.hostname, g."index"'
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*ids, *match_params, *_window_params(window)])
+        found = cursor.fetchall()
     by_server: dict[int, list[tuple[int, int, int | None, list[str], str]]] = defaultdict(list)
-    for gid, sid, index, numa, peers, uuid in rows:
-        by_server[sid].append((gid, index, numa, peers or [], uuid))
+    for gid, sid, index, numa, peers, uuid in found:
+        # Both backends hand JSON back as text here (Django loads it in JSONField.from_db_value).
+        by_server[sid].append((gid, index, numa, (json.loads(peers) if isinstance(peers, str) else peers) or [], uuid))
     out = []
     for c in servers:
         gpus = by_server.get(c.id, [])
@@ -168,3 +207,32 @@ def timeline(*, gpus: QuerySet[Gpu], starts_at: datetime, ends_at: datetime) -> 
         end = b if active or released_at is None else min(b, released_at)
         out[gpu_id].append(Segment(gpu_id, a, end, reservation_id, project_id, active))
     return out
+
+
+@dataclass(frozen=True)
+class BookingTarget:
+    project: Project
+    role: str | None  # the caller's role in the project; None for an operator who is not a member
+    gpu_model_id: int | None  # the named GPU model's id; None when none was named or it does not exist
+
+
+def booking_target(user: Any, *, slug: str, gpu_model: str | None) -> BookingTarget | None:
+    """The project a booking names, as the caller sees it, with the caller's role and the GPU model's id:
+    one read for what the booking's request needs before it is placed. None when the caller cannot see
+    the project (not a member, and not an operator) or it does not exist."""
+    sql = (
+        f"SELECT p.id, p.name, p.slug, (SELECT m.role FROM {Membership._meta.db_table} m "  # noqa: S608 - names from metadata
+        "WHERE m.project_id = p.id AND m.user_id = %s), "
+        f"(SELECT gm.id FROM {GpuModel._meta.db_table} gm WHERE gm.name = %s) "
+        f"FROM {Project._meta.db_table} p WHERE p.slug = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [user.pk, gpu_model, slug])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    pk, name, found_slug, role, model_id = row
+    if role is None and not is_operator(user):
+        return None
+    project = rows.loaded(Project, {"id": pk, "name": name, "slug": found_slug})
+    return BookingTarget(project, role, model_id)

@@ -18,9 +18,10 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
+from controlplane.core import rows
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.inventory.choices import GpuHealth, ServerState
-from controlplane.inventory.models import Gpu
+from controlplane.inventory.models import Gpu, GpuModel, Server
 from controlplane.ledger.services import (
     QuotaNeed,
     actor_label_for,
@@ -33,7 +34,7 @@ from controlplane.ledger.services import (
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
-from controlplane.reservations.selectors import _busy_exists, candidate_servers, overlapping
+from controlplane.reservations.selectors import _BUSY_SQL, _window_params, candidate_servers, overlapping
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 # How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
@@ -118,6 +119,43 @@ def _share_lock_gpus(gpu_ids: list[int]) -> None:
         cursor.execute("SELECT id FROM inventory_gpu WHERE id = ANY(%s) ORDER BY id FOR SHARE", [sorted(gpu_ids)])
 
 
+_REREAD_SQL = (
+    'SELECT g.id, g.uuid, g."index", g.server_id, s.hostname, g.model_id, m.name, m.billing_weight, '  # noqa: S608 - names from metadata; values are parameters
+    "g.present AND g.health = %s AND s.state = %s, "
+    f"{_BUSY_SQL} FROM {Gpu._meta.db_table} g "
+    f"INNER JOIN {Server._meta.db_table} s ON s.id = g.server_id "
+    f"INNER JOIN {GpuModel._meta.db_table} m ON m.id = g.model_id WHERE g.id IN "
+)
+
+
+def _reread(gpu_ids: list[int], window: Window) -> tuple[dict[int, Gpu], set[int]]:
+    """The chosen GPUs as they are now, with their server and model, and those no longer bookable for the
+    window: allocated meanwhile, unhealthy, gone, or on a server that left ``ready``."""
+    sql = _REREAD_SQL + "(" + ", ".join(["%s"] * len(gpu_ids)) + ") ORDER BY g.id"
+    params = [GpuHealth.HEALTHY.value, ServerState.READY.value, *_window_params(window), *gpu_ids]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    gpus: dict[int, Gpu] = {}
+    taken = set(gpu_ids)
+    for gid, uuid, index, server_id, hostname, model_id, model_name, weight, placeable, busy in found:
+        # Only what a booking and its answer use is loaded; any other field reads the row when asked for.
+        gpu = rows.loaded(Gpu, {"id": gid, "server_id": server_id, "uuid": uuid, "index": index, "model_id": model_id})
+        gpu.server = rows.loaded(Server, {"id": server_id, "hostname": hostname})
+        gpu.model = rows.loaded(GpuModel, {"id": model_id, "name": model_name, "billing_weight": _weight(weight)})
+        gpus[gid] = gpu
+        if placeable and not busy:
+            taken.discard(gid)
+    return gpus, taken
+
+
+def _weight(value: Any) -> Decimal:
+    places = GpuModel._meta.get_field("billing_weight").decimal_places  # type: ignore[union-attr]
+    weight = rows.decimal(value, Decimal(1).scaleb(-places))
+    assert weight is not None
+    return weight
+
+
 def _place_and_allocate(
     reservation: Reservation, *, spec: GpuSpec, window: Window
 ) -> tuple[list[Gpu], list[Allocation]]:
@@ -143,14 +181,7 @@ def _place_and_allocate(
             raise Conflict(f"No {what} matching the spec are free for the whole window.", code="no_capacity")
         _share_lock_gpus(gpu_ids)
         # Re-read under the lock, in a new statement: a booking that committed since our read is visible now.
-        rows = (
-            Gpu.objects.select_related("server", "model")
-            .filter(pk__in=gpu_ids)
-            .annotate(busy=_busy_exists(window.starts_at, window.ends_at))
-            .order_by("pk")
-        )
-        locked = {gpu.pk: gpu for gpu in rows}
-        taken = {gid for gid in gpu_ids if gid not in locked or locked[gid].busy or not _still_placeable(locked[gid])}
+        locked, taken = _reread(gpu_ids, window)
         if taken:
             exclude |= taken
             continue
@@ -161,7 +192,7 @@ def _place_and_allocate(
         ]
         try:
             with transaction.atomic():
-                Allocation.objects.bulk_create(allocations)
+                rows.insert(allocations)
         except IntegrityError:
             # The exclusion constraint: a booking not yet committed at our re-read holds one of these GPUs
             # for an overlapping period. Which one is not said, so place again without all of them.
@@ -199,7 +230,7 @@ def reservation_create(
     # Created straight in "scheduled": placement and quota are settled below, in this transaction, and both
     # steps stay on the record as events. The row comes first so the allocations can be inserted as soon
     # as GPUs are chosen.
-    reservation = Reservation.objects.create(
+    reservation = Reservation(
         project=project,
         created_by=_user(actor),
         name=name,
@@ -216,6 +247,7 @@ def reservation_create(
         created_at=now,
         updated_at=now,
     )
+    rows.insert([reservation])
     gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window)
     hours = _hours(window.seconds)
     needed = credits(sum((gpu.model.billing_weight for gpu in gpus), Decimal(0)) * hours)
@@ -264,7 +296,7 @@ def reservation_create(
             },
         ),
     ]
-    ReservationEvent.objects.bulk_create(events)
+    rows.insert(events)
     # Everything a response shows is in hand (the GPUs came with their server and model under the lock):
     # filling the caches spares the caller three reads of what this transaction just wrote.
     reservation.project = project

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers
 
 from controlplane.accounts.models import Project
@@ -9,6 +12,13 @@ from controlplane.inventory.models import GpuModel
 from controlplane.reservations.api.fields import StartField, StrictStringField
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, Window
+
+# Bounds of a booking request, shared by the serializers and the hot path (booking_args) below.
+_NAME_MAX = 120
+_IMAGE_MAX = 512
+_COMMAND_MAX = 256
+_GPU_COUNT_MAX = 4096
+_WHOLE_SERVERS_MAX = 512
 
 
 class SpecSerializer(serializers.Serializer):
@@ -22,8 +32,8 @@ class SpecSerializer(serializers.Serializer):
         help_text="Catalog name, e.g. H100-80GB.",
     )
     min_memory_mib = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    gpu_count = serializers.IntegerField(min_value=1, max_value=4096, required=False, allow_null=True)
-    whole_servers = serializers.IntegerField(min_value=1, max_value=512, required=False, allow_null=True)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=_GPU_COUNT_MAX, required=False, allow_null=True)
+    whole_servers = serializers.IntegerField(min_value=1, max_value=_WHOLE_SERVERS_MAX, required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors = {}
@@ -64,9 +74,12 @@ class WindowSerializer(serializers.Serializer):
 
 
 class ContainerSerializer(serializers.Serializer):
-    image = serializers.CharField(max_length=512)
+    image = serializers.CharField(max_length=_IMAGE_MAX)
     command = serializers.ListField(
-        child=StrictStringField(allow_blank=True, trim_whitespace=False), required=False, default=list, max_length=256
+        child=StrictStringField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        default=list,
+        max_length=_COMMAND_MAX,
     )
     env = serializers.DictField(
         child=StrictStringField(allow_blank=True, trim_whitespace=False), required=False, default=dict
@@ -92,7 +105,7 @@ class ReservationCreateSerializer(serializers.Serializer):
         queryset=Project.objects.none(),
         help_text="The project's slug; you must be its owner or a member.",
     )
-    name = serializers.CharField(max_length=120)
+    name = serializers.CharField(max_length=_NAME_MAX)
     spec = SpecSerializer()
     window = WindowSerializer()
     container = ContainerSerializer()
@@ -183,3 +196,151 @@ class ReservationDetailSerializer(ReservationSerializer):
     class Meta(ReservationSerializer.Meta):
         fields = [*ReservationSerializer.Meta.fields, "allocations", "events"]
         read_only_fields = fields
+
+
+# --- The booking's hot path ---------------------------------------------------------------------------------
+# POST /reservations runs on every booking an automation makes; building the nested serializers above costs
+# more than the booking's own SQL. The request is read by ``booking_args`` when it is plainly valid, and by
+# ReservationCreateSerializer otherwise, so every error keeps the serializer's wording and shape. The answer
+# is built by ``reservation_detail``, which gives what ReservationDetailSerializer gives (a test compares them).
+
+_START = StartField()
+_END = serializers.DateTimeField()
+_AT = serializers.DateTimeField()
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _clean_text(value: Any, max_length: int) -> str | None:
+    """A CharField's value (whitespace trimmed, not blank) when it is plainly valid, else None."""
+    if type(value) is not str:
+        return None
+    value = value.strip()
+    if not value or len(value) > max_length or "\x00" in value or _SURROGATES.search(value):
+        return None
+    return value
+
+
+def _strict_string(value: Any) -> bool:
+    return type(value) is str and "\x00" not in value and not _SURROGATES.search(value)
+
+
+def _count(value: Any, maximum: int | None) -> tuple[bool, int | None]:
+    """An optional positive integer: (plainly valid?, the int or None when absent or null)."""
+    if value is None:
+        return True, None
+    if type(value) is not int or value < 1 or (maximum is not None and value > maximum):
+        return False, None
+    return True, value
+
+
+def _instant(field: serializers.DateTimeField, value: Any) -> datetime | None:
+    if type(value) is not str:
+        return None
+    try:
+        return field.to_internal_value(value)
+    except serializers.ValidationError:
+        return None
+
+
+def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> dict[str, Any] | None:
+    """What ReservationCreateSerializer(...).to_domain() gives for a plainly valid request, or None.
+
+    None means "let the serializer read it": a value of another type than JSON's usual one, a bound
+    crossed, a GPU model that was not found (``gpu_model_id`` is None although one was named). Only inputs
+    the serializer accepts, read to the same values, come back from here.
+    """
+    if type(data) is not dict:
+        return None
+    spec, window, container = data.get("spec"), data.get("window"), data.get("container")
+    if type(spec) is not dict or type(window) is not dict or type(container) is not dict:
+        return None
+    name = _clean_text(data.get("name"), _NAME_MAX)
+    image = _clean_text(container.get("image"), _IMAGE_MAX)
+    if name is None or image is None:
+        return None
+    # The spec: a model or a minimum memory, a count or whole servers; exactly one of each pair.
+    model_name = spec.get("gpu_model")
+    if model_name is not None and (type(model_name) is not str or gpu_model_id is None):
+        return None
+    memory_ok, memory = _count(spec.get("min_memory_mib"), None)
+    count_ok, count = _count(spec.get("gpu_count"), _GPU_COUNT_MAX)
+    whole_ok, whole = _count(spec.get("whole_servers"), _WHOLE_SERVERS_MAX)
+    if not (memory_ok and count_ok and whole_ok):
+        return None
+    if (model_name is None) == (memory is None) or (count is None) == (whole is None):
+        return None
+    start, end = _instant(_START, window.get("start")), _instant(_END, window.get("end"))
+    if start is None or end is None or end <= start or start < timezone.now() - START_SKEW:
+        return None
+    command = container.get("command", [])
+    env = container.get("env", {})
+    if type(command) is not list or len(command) > _COMMAND_MAX or not all(_strict_string(c) for c in command):
+        return None
+    if type(env) is not dict or not all(type(k) is str and _strict_string(v) for k, v in env.items()):
+        return None
+    return {
+        "project": project,
+        "name": name,
+        "spec": GpuSpec(
+            gpu_model_id=gpu_model_id if model_name is not None else None,
+            min_memory_mib=memory,
+            gpu_count=count,
+            whole_servers=whole,
+        ),
+        "window": Window(start, end),
+        "container": ContainerSpec(image=image, command=list(command), env=dict(env)),
+    }
+
+
+def _at(value: datetime | None) -> str | None:
+    return _AT.to_representation(value) if value else None
+
+
+def reservation_detail(reservation: Reservation) -> dict[str, Any]:
+    """ReservationDetailSerializer(reservation).data, built directly (its allocations and events as loaded)."""
+    model = reservation.gpu_model
+    creator = reservation.created_by
+    return {
+        "id": str(reservation.public_id),
+        "project": reservation.project.slug,
+        "name": str(reservation.name),
+        "state": str(reservation.state),
+        "spec": {
+            "gpu_model": None if model is None else str(model.name),
+            "min_memory_mib": reservation.min_memory_mib,
+            "gpu_count": reservation.gpu_count,
+            "whole_servers": reservation.whole_servers,
+        },
+        "starts_at": _at(reservation.starts_at),
+        "ends_at": _at(reservation.ends_at),
+        "image": str(reservation.image),
+        "command": reservation.command,
+        "env": reservation.env,
+        "created_by": None if creator is None else str(creator.username),
+        "created_at": _at(reservation.created_at),
+        "updated_at": _at(reservation.updated_at),
+        "allocations": [
+            {
+                "gpu": str(a.gpu.uuid),
+                "server": str(a.gpu.server.hostname),
+                "index": int(a.gpu.index),
+                "gpu_model": str(a.gpu.model.name),
+                "starts_at": _at(a.starts_at),
+                "ends_at": _at(a.ends_at),
+                "active": bool(a.active),
+                "released_at": _at(a.released_at),
+            }
+            for a in reservation.allocations.all()
+        ],
+        "events": [
+            {
+                "from_state": str(e.from_state),
+                "to_state": str(e.to_state),
+                "actor_label": str(e.actor_label),
+                "reason": str(e.reason),
+                "data": e.data,
+                "at": _at(e.at),
+            }
+            for e in reservation.events.all()
+        ],
+    }

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
-from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.accounts.choices import BOOKING_ROLES
-from controlplane.accounts.models import Membership, Project
+from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.reservations import services
@@ -20,13 +20,12 @@ from controlplane.reservations.api.serializers import (
     ReservationDetailSerializer,
     ReservationReasonSerializer,
     ReservationSerializer,
+    booking_args,
+    reservation_detail,
 )
 from controlplane.reservations.filters import ReservationFilter
 from controlplane.reservations.models import Allocation, Reservation
-from controlplane.reservations.selectors import reservations_visible_to
-
-if TYPE_CHECKING:
-    from django.contrib.auth.models import User
+from controlplane.reservations.selectors import booking_target, reservations_visible_to
 
 
 def _require_booking_role(user: Any, project_id: int) -> None:
@@ -69,37 +68,34 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         "`quota_exceeded` naming the quota, the need and what is left.",
     )
     def create(self, request: Request) -> Response:
-        slug = request.data.get("project") if isinstance(request.data, dict) else None
+        data: Any = request.data
+        slug = data.get("project") if isinstance(data, dict) else None
         known: dict[str, Project] = {}
+        target = None
         if isinstance(slug, str):
-            # One read answers both "is it yours?" and "may you book in it?".
-            found = (
-                projects_visible_to(request.user)
-                .filter(slug=slug)
-                .annotate(
-                    caller_role=Subquery(
-                        Membership.objects.filter(project=OuterRef("pk"), user=cast("User", request.user)).values(
-                            "role"
-                        )[:1]
-                    )
-                )
-                .first()
+            spec = data.get("spec")
+            model_name = spec.get("gpu_model") if isinstance(spec, dict) else None
+            # One read answers "is it yours?", "may you book in it?" and "which GPU model is that?".
+            target = booking_target(
+                request.user, slug=slug, gpu_model=model_name if isinstance(model_name, str) else None
             )
-            if found is None:
+            if target is None:
                 # Another tenant's project reads as absent, never as "forbidden": that would confirm it exists.
                 raise NotFound(f"No project {slug!r} among yours.", fields={"project": ["No such project."]})
-            known[slug] = found
-        serializer = ReservationCreateSerializer(data=request.data, projects=projects_visible_to(request.user))
-        serializer.fields["project"].known = known  # type: ignore[attr-defined]
-        serializer.is_valid(raise_exception=True)
-        args = serializer.to_domain()
-        project = args["project"]
-        if not (is_operator(request.user) or getattr(project, "caller_role", None) in BOOKING_ROLES):
+            known[slug] = target.project
+        args = booking_args(data, project=target.project, gpu_model_id=target.gpu_model_id) if target else None
+        if args is None:
+            # Anything not plainly valid goes through the serializer, which words every error.
+            serializer = ReservationCreateSerializer(data=data, projects=projects_visible_to(request.user))
+            serializer.fields["project"].known = known  # type: ignore[attr-defined]
+            serializer.is_valid(raise_exception=True)
+            args = serializer.to_domain()
+        role = target.role if target is not None else None
+        if not (is_operator(request.user) or role in BOOKING_ROLES):
             raise PermissionDenied("Booking needs the owner or member role in the project.")
         reservation = services.reservation_create(actor=request.user, **args)
         # The service hands back the reservation with its allocations and events: no need to read it again.
-        data = ReservationDetailSerializer(reservation, context=self.get_serializer_context()).data
-        return Response(data, status=status.HTTP_201_CREATED)
+        return Response(reservation_detail(reservation), status=status.HTTP_201_CREATED)
 
     @extend_schema(
         request=ReservationReasonSerializer,
