@@ -422,7 +422,7 @@ def main() -> None:
                 f"stack floor, {label}: {result['rate']:,.0f} requests/s = {result['rate'] / raw['rate']:.1%} of raw "
                 f"(p50 {result['p50']:.1f} ms, p99 {result['p99']:.1f} ms)"
             )
-        print("  (no endpoint on this stack can book faster than these; the goal asks 10% of raw)")
+        print("  (a booking does at least what GET /api/v1/me/ does: the same stack, token authentication, a read)")
     if search is not None:
         print(
             f"earliest-window search, {search['n']} queries ({search['found']} found): p50 {search['p50']:.1f} ms, "
