@@ -29,6 +29,14 @@ def fresh_database(url: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank; NaN when there are none)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,7 +92,6 @@ def http_floor(
 
     Run on the same gunicorn as the API phase, it tells what any request costs before the endpoint does its
     work, so an endpoint's rate can be read against what the stack allows at all."""
-    import statistics
     import threading
 
     latencies: list[float] = []
@@ -116,11 +123,10 @@ def http_floor(
     for t in threads:
         t.join()
     elapsed = time.monotonic() - started
-    ordered = sorted(latencies) or [0.0]
     return {
         "requests": len(latencies),
         "failures": failures[0],
         "rate": len(latencies) / elapsed,
-        "p50": 1000 * statistics.median(ordered),
-        "p99": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "p50": 1000 * pct(latencies, 0.50),
+        "p99": 1000 * pct(latencies, 0.99),
     }

@@ -34,18 +34,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from _common import django_on_fresh_database, free_port, http_floor, wait_for
+from _common import django_on_fresh_database, free_port, http_floor, pct, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
 API_MODEL, SEARCH_MODEL = "A100-80GB", "H100-80GB"
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def build_fleet(model_name: str, servers: int, gpus: int, prefix: str) -> list[int]:

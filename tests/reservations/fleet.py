@@ -14,6 +14,8 @@ from controlplane.accounts.models import Membership, Project
 from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Server
 from controlplane.ledger.services import ledger_grant, quota_policy_set
+from controlplane.reservations.choices import ReservationState
+from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 _seq = itertools.count(1)
@@ -75,6 +77,23 @@ def project(
     if grant:
         ledger_grant(project=proj, amount=Decimal(grant), actor=None, reason="test credits")
     return proj
+
+
+def hold(gpu: Gpu, start: datetime, end: datetime, *, proj: Project | None = None, active: bool = True) -> Allocation:
+    """A one-GPU scheduled reservation holding ``gpu`` over ``[start, end)``, written straight to the tables
+    (no placement, no quota): the searches' and placement's fixtures. ``active=False``: released, it holds
+    nothing."""
+    r = Reservation.objects.create(
+        project=proj or project(),
+        name="r",
+        gpu_model=gpu.model,
+        gpu_count=1,
+        starts_at=start,
+        ends_at=end,
+        image="x",
+        state=ReservationState.SCHEDULED,
+    )
+    return Allocation.objects.create(reservation=r, gpu=gpu, starts_at=start, ends_at=end, active=active)
 
 
 def window(start_in: timedelta = timedelta(hours=1), hours: float = 2, *, now: datetime | None = None) -> Window:

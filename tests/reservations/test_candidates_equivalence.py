@@ -10,13 +10,11 @@ from django.utils import timezone
 
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu
-from controlplane.reservations.choices import ReservationState
-from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.placement import place
 from controlplane.reservations.selectors import SHORTLIST, _server_counts, candidate_servers
 from controlplane.reservations.specs import GpuSpec, Window
 from tests.reservations import candidates_reference as reference
-from tests.reservations.fleet import gpu_model, project, server
+from tests.reservations.fleet import gpu_model, hold, project, server
 
 pytestmark = pytest.mark.django_db
 
@@ -42,17 +40,7 @@ def random_fleet(rng: random.Random, now):  # type: ignore[no-untyped-def]
         for _ in range(rng.randint(0, 4)):
             start = cursor + timedelta(hours=rng.choice([0, 1, 2]))
             end = start + timedelta(hours=rng.choice([1, 2, 3]))
-            r = Reservation.objects.create(
-                project=proj,
-                name="r",
-                gpu_model=gpu.model,
-                gpu_count=1,
-                starts_at=start,
-                ends_at=end,
-                image="x",
-                state=ReservationState.SCHEDULED,
-            )
-            Allocation.objects.create(reservation=r, gpu=gpu, starts_at=start, ends_at=end, active=rng.random() > 0.15)
+            hold(gpu, start, end, proj=proj, active=rng.random() > 0.15)
             cursor = end
     return model
 

@@ -10,12 +10,11 @@ from django.utils import timezone
 
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu
-from controlplane.reservations.choices import ReservationState
-from controlplane.reservations.models import Allocation, Reservation
+from controlplane.reservations.models import Allocation
 from controlplane.reservations.specs import GpuSpec
 from controlplane.reservations.windows import earliest_window
 from tests.reservations.earliest_reference import reference_earliest_window
-from tests.reservations.fleet import gpu_model, project, server
+from tests.reservations.fleet import gpu_model, hold, project, server
 
 pytestmark = pytest.mark.django_db
 
@@ -37,17 +36,7 @@ def random_fleet(rng: random.Random, now):  # type: ignore[no-untyped-def]
         for _ in range(rng.randint(0, 7)):
             start = cursor + timedelta(minutes=rng.choice([0, 0, rng.randint(1, 20 * 60)]))
             end = start + timedelta(minutes=rng.randint(30, 14 * 60))
-            r = Reservation.objects.create(
-                project=proj,
-                name="r",
-                gpu_model=gpu.model,
-                gpu_count=1,
-                starts_at=start,
-                ends_at=end,
-                image="x",
-                state=ReservationState.SCHEDULED,
-            )
-            Allocation.objects.create(reservation=r, gpu=gpu, starts_at=start, ends_at=end, active=rng.random() > 0.1)
+            hold(gpu, start, end, proj=proj, active=rng.random() > 0.1)
             cursor = end
     return model
 
@@ -72,20 +61,6 @@ def test_earliest_window_matches_the_reference_search_on_random_fleets(seed: int
                 assert got is not None, (spec, hours, days, expected)
                 assert got[0] == expected[0], (spec, hours, days)
                 assert got[1] == expected[1], (spec, hours, days)
-
-
-def hold(gpu: Gpu, start, end, *, active: bool = True) -> None:  # type: ignore[no-untyped-def]
-    r = Reservation.objects.create(
-        project=project(),
-        name="r",
-        gpu_model=gpu.model,
-        gpu_count=1,
-        starts_at=start,
-        ends_at=end,
-        image="x",
-        state=ReservationState.SCHEDULED,
-    )
-    Allocation.objects.create(reservation=r, gpu=gpu, starts_at=start, ends_at=end, active=active)
 
 
 def edge_fleet(now):  # type: ignore[no-untyped-def]

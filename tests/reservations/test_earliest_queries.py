@@ -11,27 +11,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.inventory.models import Gpu
-from controlplane.reservations.choices import ReservationState
-from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.specs import GpuSpec
 from controlplane.reservations.windows import earliest_window
-from tests.reservations.fleet import gpu_model, project, server
+from tests.reservations.fleet import gpu_model, hold, server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
-
-
-def hold(gpu: Gpu, start, end) -> None:  # type: ignore[no-untyped-def]
-    r = Reservation.objects.create(
-        project=project(),
-        name="r",
-        gpu_model=gpu.model,
-        gpu_count=1,
-        starts_at=start,
-        ends_at=end,
-        image="x",
-        state=ReservationState.SCHEDULED,
-    )
-    Allocation.objects.create(reservation=r, gpu=gpu, starts_at=start, ends_at=end)
 
 
 @pytest.mark.parametrize("servers", [1, 6])
