@@ -171,6 +171,14 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # 3.1: the agent's wire models are documented from pydantic, whose JSON Schema writes an optional value as
+    # anyOf [..., {"type": "null"}], which OpenAPI 3.0 does not allow.
+    "OAS_VERSION": "3.1.0",
+    # Several models have a field named "state"; each choice set gets a name of its own instead of a hash.
+    "ENUM_NAME_OVERRIDES": {
+        "ReservationStateEnum": "controlplane.reservations.choices.ReservationState",
+        "ServerStateEnum": "controlplane.inventory.choices.ServerState",
+    },
 }
 
 # Read here: the beat schedule below looks for lost servers once per heartbeat interval.
