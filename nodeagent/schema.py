@@ -112,12 +112,17 @@ class GpuFacts(Strict):
     serial: ShortText | None = None
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class GpuSample(Strict):
     """One reading of one GPU. ``fields`` holds DCGM-named values; an unsupported field is null or absent."""
 
     uuid: Uuid
     ts: datetime
-    fields: dict[str, float | None] = Field(default_factory=dict)
+    # Finite or null: NaN and infinity have no JSON of their own, and folded into a minute they would poison
+    # its average and maximum. A reading that is not a number is null.
+    fields: dict[str, Finite | None] = Field(default_factory=dict)
 
 
 # Seconds since the Unix epoch (UTC), up to the end of year 9999 so that every value is a datetime.
@@ -134,7 +139,7 @@ class GpuSeries(Strict):
     uuid: Uuid
     ts: list[EpochSeconds] = Field(max_length=MAX_SAMPLES)
     # Finite or null: NaN and infinity have no JSON of their own, and a reading that is not a number is null.
-    fields: dict[str, list[Annotated[float, Field(allow_inf_nan=False)] | None]] = Field(default_factory=dict)
+    fields: dict[str, list[Finite | None]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _columns_match_ts(self) -> GpuSeries:

@@ -9,6 +9,7 @@ The ``pynvml`` module is passed in, so tests hand it a fake and the real one run
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
@@ -270,6 +271,8 @@ class NvmlBackend:
             except _GpuLost:
                 log.error("GPU %s is lost (NVML: GPU is lost)", uuid)
                 continue
+            # A reading NVML cannot give as a finite number is unknown, like one it does not support.
+            fields = {k: v if v is None or math.isfinite(v) else None for k, v in fields.items()}
             samples.append(schema.GpuSample(uuid=uuid, ts=now, fields=fields))
         return samples
 

@@ -267,6 +267,22 @@ def test_v2_reading_that_is_not_a_finite_number_is_refused_naming_it(agent: APIC
     assert counts() == before
 
 
+@pytest.mark.parametrize("reading", ["NaN", "Infinity", "-Infinity"])
+def test_v1_reading_that_is_not_a_finite_number_is_refused_naming_it(agent: APIClient, node: Any, reading: str) -> None:
+    """An older agent's body: each sample's reading must be a number or null, in every sample (not only the
+    newest, which the GPU's latest telemetry is taken from)."""
+    body = heartbeat("node-a", samples_per_gpu=2, version=1)
+    for index in (0, len(body["samples"]) - 1):
+        body["samples"][index]["fields"]["DCGM_FI_DEV_GPU_TEMP"] = 12345.5
+        raw = json.dumps(body).replace("12345.5", reading, 1)
+        body["samples"][index]["fields"]["DCGM_FI_DEV_GPU_TEMP"] = 40.0
+        before = counts()
+        response = post(agent, raw)
+        assert response.status_code == 400, response.content
+        assert f"samples.{index}.fields.DCGM_FI_DEV_GPU_TEMP" in response.json()["error"]["fields"]
+        assert counts() == before
+
+
 def test_v2_unequal_columns_say_which_lengths(agent: APIClient, node: Any) -> None:
     body = _v2()
     body["samples"][0]["fields"]["DCGM_FI_DEV_GPU_TEMP"].pop()

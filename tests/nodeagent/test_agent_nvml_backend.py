@@ -225,3 +225,15 @@ def test_close_shuts_nvml_down():
     backend, fake = backend_for(*hgx_pair())
     backend.close()
     assert fake.shut_down
+
+
+def test_a_reading_that_is_not_a_finite_number_becomes_null_and_the_sample_stays_valid():
+    # The wire format refuses NaN and infinity, so a driver answering one must not cost the GPU its sample.
+    gpu = FakeGpu(uuid="GPU-aaaaaaaa-0000-0000-0000-000000000001", bus_id="00000000:18:00.0")
+    gpu.temp = float("nan")  # type: ignore[assignment]
+    gpu.power_mw = float("inf")  # type: ignore[assignment]
+    backend, _ = backend_for(gpu)
+    backend.discover()
+    (sample,) = backend.sample(NOW)
+    assert sample.fields[schema.GPU_TEMP] is None and sample.fields[schema.POWER_USAGE] is None
+    assert sample.fields[schema.GPU_UTIL] == 42
