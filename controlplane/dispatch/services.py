@@ -23,20 +23,18 @@ from typing import Any
 import requests
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Max
+from django.db.models import F
 from django.utils import timezone
 
-from controlplane.core.errors import DomainError
-from controlplane.dispatch.choices import FINAL_LAUNCH_STATES, LIVE_LAUNCH_STATES, LaunchState
-from controlplane.dispatch.models import Launch, Requeue
+from controlplane.dispatch.choices import LIVE_LAUNCH_STATES, LaunchState
+from controlplane.dispatch.models import Launch
 from controlplane.fleet.models import NodeCredential
 from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Gpu, Server
 from controlplane.ledger.services import lock_project
-from controlplane.reservations.choices import HOLDING_STATES, ReservationState
+from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Allocation, Reservation
-from controlplane.reservations.services import reservation_create, reservation_finish, reservation_mark
-from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+from controlplane.reservations.services import reservation_finish, reservation_mark
 from nodeagent import commands, schema
 
 log = logging.getLogger(__name__)
@@ -310,77 +308,6 @@ def desired_state_for(
     return node_desired_state(server=server, now=now)
 
 
-# -- what the agents saw ------------------------------------------------------------------------------------
-
-_RANK = {LaunchState.PENDING: 0, LaunchState.RUNNING: 1, LaunchState.STOPPING: 2}
-_REPORTED = {
-    "pending": LaunchState.PENDING,
-    "creating": LaunchState.PENDING,
-    "running": LaunchState.RUNNING,
-    "stopping": LaunchState.STOPPING,
-    "exited": LaunchState.EXITED,
-    "failed": LaunchState.FAILED,
-    "missing": LaunchState.FAILED,
-}
-
-
-def _reported_state(report: schema.ContainerReport) -> LaunchState:
-    # A launch waiting for a GPU the previous container still holds (its stop grace) comes as "pending" with
-    # the reason in ``error``: transient, the runtime starts it once the GPU is free.
-    return _REPORTED[report.state]
-
-
-def _apply_report(launch: Launch, report: schema.ContainerReport, now: datetime) -> bool:
-    """Fold one report into its launch with a conditional update; True when something changed."""
-    target = _reported_state(report)
-    current = LaunchState(launch.state)
-    fields: dict[str, object] = {}
-    for name in ("started_at", "finished_at", "exit_code"):
-        value = getattr(report, name)
-        if value is not None and getattr(launch, name) != value:
-            fields[name] = value
-    if report.container_id and report.container_id != launch.container_id:
-        fields["container_id"] = report.container_id
-    if report.log_tail and report.log_tail != launch.log_tail:
-        fields["log_tail"] = report.log_tail
-    if report.error and report.error != launch.error:
-        fields["error"] = report.error
-    if report.state == "missing" and not report.error:
-        fields["error"] = "the container disappeared from the engine"
-    if target == LaunchState.RUNNING and current == LaunchState.PENDING and launch.error and not report.error:
-        fields["error"] = ""  # the wait for a GPU is over; the reason no longer applies
-    if current in FINAL_LAUNCH_STATES:
-        # Final is final; a late report may still bring the exit code or the log tail it lacked.
-        fields = {k: v for k, v in fields.items() if getattr(launch, k) in (None, "")}
-        target = current
-    elif target not in FINAL_LAUNCH_STATES and _RANK[target] < _RANK[current]:
-        target = current  # never backwards: an old "pending" cannot undo a seen "running"
-    if target == current and not fields:
-        return False
-    changed = Launch.objects.filter(pk=launch.pk, state=current).update(state=target, updated_at=now, **fields)
-    if changed != 1:
-        # Another writer (node-loss detection, the closer) moved it first; the next heartbeat reports again.
-        return False
-    for name, value in fields.items():
-        setattr(launch, name, value)
-    launch.state = target
-    return True
-
-
-def containers_reported(*, server: Server, reports: Sequence[schema.ContainerReport], now: datetime) -> None:
-    """Fold the agent's container reports into launches and move their reservations on.
-
-    Only launches on ``server`` are touched: an agent cannot speak for another node's launch.
-    """
-    by_id = {report.launch_id: report for report in reports}
-    touched: set[int] = set()
-    for launch in Launch.objects.filter(server=server, launch_id__in=list(by_id)):
-        if _apply_report(launch, by_id[launch.launch_id], now):
-            touched.add(launch.reservation_id)
-    for reservation_id in sorted(touched):
-        settle(reservation_id=reservation_id, now=now)
-
-
 # -- moving reservations on ---------------------------------------------------------------------------------
 
 
@@ -501,95 +428,6 @@ def settle(*, reservation_id: int, now: datetime | None = None) -> str | None:
 
 def _finish_as(reservation: Reservation, launches: list[Launch], to: str, reason: str, now: datetime) -> str | None:
     return to if _finish(reservation, launches, to=to, reason=reason, now=now) else None
-
-
-# -- node loss and requeue ----------------------------------------------------------------------------------
-
-
-def server_lost(*, server: Server, now: datetime) -> None:
-    """``server`` stopped sending heartbeats: its launches are lost, their reservations interrupted and settled
-    for the time used (up to the last heartbeat), and requeued where the project opted in."""
-    last_seen = server.last_heartbeat_at or now
-    reason = f"server {server.hostname} stopped sending heartbeats"
-    reservation_ids: set[int] = set()
-    for launch in Launch.objects.filter(server=server, state__in=LIVE_LAUNCH_STATES):
-        fields: dict[str, object] = {"state": LaunchState.LOST, "error": reason, "updated_at": now}
-        if launch.started_at is not None and launch.finished_at is None:
-            fields["finished_at"] = max(launch.started_at, min(last_seen, now))
-        if Launch.objects.filter(pk=launch.pk, state=launch.state).update(**fields) == 1:
-            reservation_ids.add(launch.reservation_id)
-    for reservation_id in sorted(reservation_ids):
-        _interrupt(reservation_id=reservation_id, reason=reason, now=now)
-
-
-def _interrupt(*, reservation_id: int, reason: str, now: datetime) -> None:
-    reservation = Reservation.objects.select_related("project").get(pk=reservation_id)
-    previous = reservation.state
-    if previous not in HOLDING_STATES:
-        return
-    launches = list(Launch.objects.filter(reservation=reservation))
-    if not _finish(reservation, launches, to=ReservationState.INTERRUPTED, reason=reason, now=now):
-        return
-    if previous in RUN_STATES and reservation.project.requeue_on_interrupt:
-        requeue(reservation=reservation, now=now)
-
-
-def _note(reservation: Reservation, reason: str, data: dict[str, object] | None = None) -> None:
-    """An event without a state change. Stamped with the wall clock, like reservation_finish's own event,
-    so the trail reads in order."""
-    reservation.refresh_from_db(fields=["state"])
-    reservation_mark(
-        reservation=reservation,
-        from_states=[reservation.state],
-        to=reservation.state,
-        actor_label=ACTOR,
-        reason=reason,
-        data=data,
-    )
-
-
-def requeue(*, reservation: Reservation, now: datetime) -> Reservation | None:
-    """Book the rest of an interrupted reservation's window on healthy GPUs as a linked follow-up, and open it.
-
-    A follow-up reservation (not new allocations in the interrupted one) keeps each reservation's ledger and
-    audit trail simple: the interrupted one is settled for what ran, the follow-up is booked, quota-checked
-    and held like any booking, and ``Requeue`` links the two.
-    """
-    minimum = timedelta(seconds=_setting("DISPATCH_REQUEUE_MIN_S", 5.0))
-    if reservation.ends_at - now < minimum:
-        _note(reservation, f"not requeued: less than {minimum.total_seconds():g} s of the window was left")
-        return None
-    try:
-        with transaction.atomic():
-            follow_up = reservation_create(
-                project=reservation.project,
-                name=f"{reservation.name} (requeued)"[:120],
-                spec=GpuSpec(
-                    gpu_model_id=reservation.gpu_model_id,
-                    min_memory_mib=reservation.min_memory_mib,
-                    gpu_count=reservation.gpu_count,
-                    whole_servers=reservation.whole_servers,
-                ),
-                window=Window(now, reservation.ends_at),
-                container=ContainerSpec(
-                    image=reservation.image, command=list(reservation.command or []), env=dict(reservation.env or {})
-                ),
-                actor=None,
-                now=now,
-            )
-    except DomainError as exc:
-        _note(reservation, f"not requeued: {exc.message}", data={"code": exc.code})
-        return None
-    Requeue.objects.create(interrupted=reservation, follow_up=follow_up, created_at=now)
-    _note(reservation, f"requeued as {follow_up.public_id}", data={"follow_up": str(follow_up.public_id)})
-    _note(
-        follow_up,
-        f"requeued from interrupted reservation {reservation.public_id}",
-        data={"interrupted": str(reservation.public_id)},
-    )
-    generation = (Launch.objects.filter(reservation=reservation).aggregate(g=Max("generation"))["g"] or 0) + 1
-    reservation_open(reservation_id=follow_up.pk, now=now, generation=generation)
-    return follow_up
 
 
 # -- the periodic closer ------------------------------------------------------------------------------------

@@ -33,13 +33,13 @@ def work_probe(server: Server, now: datetime) -> tuple[str, list[Any]]:
 
 def containers_reported(server: Server, reports: Sequence[ContainerReport], now: datetime) -> None:
     """The containers the agent says it runs or ran, as Docker saw them."""
-    from controlplane.dispatch import services
+    from controlplane.dispatch import reports as dispatch_reports
 
-    services.containers_reported(server=server, reports=reports, now=now)
+    dispatch_reports.containers_reported(server=server, reports=reports, now=now)
 
 
 def server_lost(server: Server, now: datetime) -> None:
     """``server`` was just marked offline by node-loss detection."""
-    from controlplane.dispatch import services
+    from controlplane.dispatch import recovery
 
-    services.server_lost(server=server, now=now)
+    recovery.server_lost(server=server, now=now)

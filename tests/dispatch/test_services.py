@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from controlplane.dispatch import services
+from controlplane.dispatch import recovery, reports, services
 from controlplane.dispatch.choices import LaunchState
 from controlplane.dispatch.models import Launch, Requeue
 from controlplane.inventory.choices import ServerState
@@ -88,7 +88,7 @@ def test_running_reports_move_the_reservation_to_running():
     r = book(project(), h100)
     [launch] = opened(r)
     now = timezone.now()
-    services.containers_reported(
+    reports.containers_reported(
         server=srv, reports=[report(launch, "running", container_id="c1", started_at=now)], now=now
     )
     launch.refresh_from_db()
@@ -96,7 +96,7 @@ def test_running_reports_move_the_reservation_to_running():
     assert (launch.state, launch.container_id) == (LaunchState.RUNNING, "c1")
     assert r.state == ReservationState.RUNNING
     # A stale "pending" from an older heartbeat does not move it back.
-    services.containers_reported(server=srv, reports=[report(launch, "pending")], now=now)
+    reports.containers_reported(server=srv, reports=[report(launch, "pending")], now=now)
     launch.refresh_from_db()
     assert launch.state == LaunchState.RUNNING
 
@@ -108,7 +108,7 @@ def test_non_zero_exit_inside_the_window_fails_with_exit_code_and_log_tail():
     r = book(proj, h100, seconds=3600)
     [launch] = opened(r)
     now = timezone.now()
-    services.containers_reported(
+    reports.containers_reported(
         server=srv,
         now=now,
         reports=[
@@ -139,7 +139,7 @@ def test_missing_image_fails_the_reservation_with_the_reason():
     r = book(project(), h100)
     [launch] = opened(r)
     now = timezone.now()
-    services.containers_reported(
+    reports.containers_reported(
         server=srv,
         now=now,
         reports=[report(launch, "failed", error="image not found: gpucp-busybox:test", finished_at=now)],
@@ -156,7 +156,7 @@ def test_a_gpu_still_held_by_the_previous_container_is_not_a_failure():
     srv = server(h100, gpus=1)
     r = book(project(), h100)
     [launch] = opened(r)
-    services.containers_reported(
+    reports.containers_reported(
         server=srv,
         now=timezone.now(),
         reports=[report(launch, "pending", error=f"GPU {launch.gpu_uuids[0]} is already bound to launch x")],
@@ -166,7 +166,7 @@ def test_a_gpu_still_held_by_the_previous_container_is_not_a_failure():
     assert (r.state, launch.state) == (ReservationState.STARTING, LaunchState.PENDING)
     assert "already bound" in launch.error  # the operator sees why it waits
     started = timezone.now()
-    services.containers_reported(server=srv, now=started, reports=[report(launch, "running", started_at=started)])
+    reports.containers_reported(server=srv, now=started, reports=[report(launch, "running", started_at=started)])
     launch.refresh_from_db()
     assert (launch.state, launch.error) == (LaunchState.RUNNING, "")
 
@@ -177,9 +177,9 @@ def test_exit_zero_before_the_end_completes_and_charges_what_ran():
     r = book(project(), h100, count=2, seconds=3600)
     [launch] = opened(r)
     start = timezone.now()
-    services.containers_reported(server=srv, now=start, reports=[report(launch, "running", started_at=start)])
+    reports.containers_reported(server=srv, now=start, reports=[report(launch, "running", started_at=start)])
     end = start + timedelta(seconds=90)
-    services.containers_reported(
+    reports.containers_reported(
         server=srv,
         now=end,
         reports=[report(launch, "exited", started_at=start, finished_at=end, exit_code=0, log_tail="done\n")],
@@ -198,14 +198,14 @@ def test_window_end_moves_running_to_ending_then_completed_when_the_container_st
     r = book(project(), h100, seconds=5)
     [launch] = opened(r)
     start = timezone.now()
-    services.containers_reported(server=srv, now=start, reports=[report(launch, "running", started_at=start)])
+    reports.containers_reported(server=srv, now=start, reports=[report(launch, "running", started_at=start)])
     after = r.ends_at + timedelta(seconds=1)
     assert services.dispatch_close_due(now=after) >= 1
     r.refresh_from_db()
     assert r.state == ReservationState.ENDING
     # Outside the window the launch is no longer desired: the agent stops it.
     assert services.node_desired_state(server=srv, now=after) == ([], [launch.launch_id])
-    services.containers_reported(
+    reports.containers_reported(
         server=srv,
         now=after,
         reports=[
@@ -224,7 +224,7 @@ def test_sigterm_exit_reported_at_the_end_before_the_closer_ran_completes():
     [launch] = opened(r)
     start = timezone.now()
     end = r.ends_at + timedelta(milliseconds=300)
-    services.containers_reported(
+    reports.containers_reported(
         server=srv, now=end, reports=[report(launch, "exited", started_at=start, finished_at=end, exit_code=143)]
     )
     r.refresh_from_db()
@@ -238,14 +238,14 @@ def test_release_during_the_window_stops_the_container_and_completes():
     r = book(project(), h100, seconds=3600)
     [launch] = opened(r)
     start = timezone.now()
-    services.containers_reported(server=srv, now=start, reports=[report(launch, "running", started_at=start)])
+    reports.containers_reported(server=srv, now=start, reports=[report(launch, "running", started_at=start)])
     reservations.reservation_release(reservation=r, actor=user, reason="done early")
     assert services.node_desired_state(server=srv)[1] == [launch.launch_id]
     assert services.dispatch_close_due() >= 1  # pushes the stop once
     launch.refresh_from_db()
     assert launch.stop_requested_at is not None
     end = timezone.now()
-    services.containers_reported(
+    reports.containers_reported(
         server=srv, now=end, reports=[report(launch, "exited", started_at=start, finished_at=end, exit_code=143)]
     )
     r.refresh_from_db()
@@ -274,7 +274,7 @@ def test_a_report_about_another_servers_launch_is_ignored():
     now = timezone.now()
     assert launch.server_id == srv.pk or launch.server_id == intruder.pk
     other = intruder if launch.server_id == srv.pk else srv
-    services.containers_reported(
+    reports.containers_reported(
         server=other, now=now, reports=[report(launch, "exited", exit_code=1, started_at=now, finished_at=now)]
     )
     launch.refresh_from_db()
@@ -301,7 +301,7 @@ def lose(srv: Server, *, silent_for: float = 30.0) -> None:
         state_before_offline=ServerState.READY,
     )
     srv.refresh_from_db()
-    services.server_lost(server=srv, now=now)
+    recovery.server_lost(server=srv, now=now)
 
 
 def test_a_lost_server_interrupts_its_reservations_and_settles_what_ran():
@@ -311,7 +311,7 @@ def test_a_lost_server_interrupts_its_reservations_and_settles_what_ran():
     r = book(project(), h100, seconds=3600)
     [launch] = opened(r)
     start = timezone.now() - timedelta(seconds=60)
-    services.containers_reported(server=launch.server, now=start, reports=[report(launch, "running", started_at=start)])
+    reports.containers_reported(server=launch.server, now=start, reports=[report(launch, "running", started_at=start)])
     lose(launch.server)
     r.refresh_from_db()
     launch.refresh_from_db()

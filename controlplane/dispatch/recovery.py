@@ -1,0 +1,105 @@
+"""Node loss: a server that stopped sending heartbeats loses its launches; their reservations are interrupted,
+settled for the time used, and requeued as linked follow-ups where the project opted in."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Max
+
+from controlplane.core.errors import DomainError
+from controlplane.dispatch.choices import LIVE_LAUNCH_STATES, LaunchState
+from controlplane.dispatch.models import Launch, Requeue
+from controlplane.dispatch.services import ACTOR, RUN_STATES, _finish, _setting, reservation_open
+from controlplane.inventory.models import Server
+from controlplane.reservations.choices import HOLDING_STATES, ReservationState
+from controlplane.reservations.models import Reservation
+from controlplane.reservations.services import reservation_create, reservation_mark
+from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+
+
+def server_lost(*, server: Server, now: datetime) -> None:
+    """``server`` stopped sending heartbeats: its launches are lost, their reservations interrupted and settled
+    for the time used (up to the last heartbeat), and requeued where the project opted in."""
+    last_seen = server.last_heartbeat_at or now
+    reason = f"server {server.hostname} stopped sending heartbeats"
+    reservation_ids: set[int] = set()
+    for launch in Launch.objects.filter(server=server, state__in=LIVE_LAUNCH_STATES):
+        fields: dict[str, object] = {"state": LaunchState.LOST, "error": reason, "updated_at": now}
+        if launch.started_at is not None and launch.finished_at is None:
+            fields["finished_at"] = max(launch.started_at, min(last_seen, now))
+        if Launch.objects.filter(pk=launch.pk, state=launch.state).update(**fields) == 1:
+            reservation_ids.add(launch.reservation_id)
+    for reservation_id in sorted(reservation_ids):
+        _interrupt(reservation_id=reservation_id, reason=reason, now=now)
+
+
+def _interrupt(*, reservation_id: int, reason: str, now: datetime) -> None:
+    reservation = Reservation.objects.select_related("project").get(pk=reservation_id)
+    previous = reservation.state
+    if previous not in HOLDING_STATES:
+        return
+    launches = list(Launch.objects.filter(reservation=reservation))
+    if not _finish(reservation, launches, to=ReservationState.INTERRUPTED, reason=reason, now=now):
+        return
+    if previous in RUN_STATES and reservation.project.requeue_on_interrupt:
+        requeue(reservation=reservation, now=now)
+
+
+def _note(reservation: Reservation, reason: str, data: dict[str, object] | None = None) -> None:
+    """An event without a state change. Stamped with the wall clock, like reservation_finish's own event,
+    so the trail reads in order."""
+    reservation.refresh_from_db(fields=["state"])
+    reservation_mark(
+        reservation=reservation,
+        from_states=[reservation.state],
+        to=reservation.state,
+        actor_label=ACTOR,
+        reason=reason,
+        data=data,
+    )
+
+
+def requeue(*, reservation: Reservation, now: datetime) -> Reservation | None:
+    """Book the rest of an interrupted reservation's window on healthy GPUs as a linked follow-up, and open it.
+
+    A follow-up reservation (not new allocations in the interrupted one) keeps each reservation's ledger and
+    audit trail simple: the interrupted one is settled for what ran, the follow-up is booked, quota-checked
+    and held like any booking, and ``Requeue`` links the two.
+    """
+    minimum = timedelta(seconds=_setting("DISPATCH_REQUEUE_MIN_S", 5.0))
+    if reservation.ends_at - now < minimum:
+        _note(reservation, f"not requeued: less than {minimum.total_seconds():g} s of the window was left")
+        return None
+    try:
+        with transaction.atomic():
+            follow_up = reservation_create(
+                project=reservation.project,
+                name=f"{reservation.name} (requeued)"[:120],
+                spec=GpuSpec(
+                    gpu_model_id=reservation.gpu_model_id,
+                    min_memory_mib=reservation.min_memory_mib,
+                    gpu_count=reservation.gpu_count,
+                    whole_servers=reservation.whole_servers,
+                ),
+                window=Window(now, reservation.ends_at),
+                container=ContainerSpec(
+                    image=reservation.image, command=list(reservation.command or []), env=dict(reservation.env or {})
+                ),
+                actor=None,
+                now=now,
+            )
+    except DomainError as exc:
+        _note(reservation, f"not requeued: {exc.message}", data={"code": exc.code})
+        return None
+    Requeue.objects.create(interrupted=reservation, follow_up=follow_up, created_at=now)
+    _note(reservation, f"requeued as {follow_up.public_id}", data={"follow_up": str(follow_up.public_id)})
+    _note(
+        follow_up,
+        f"requeued from interrupted reservation {reservation.public_id}",
+        data={"interrupted": str(reservation.public_id)},
+    )
+    generation = (Launch.objects.filter(reservation=reservation).aggregate(g=Max("generation"))["g"] or 0) + 1
+    reservation_open(reservation_id=follow_up.pk, now=now, generation=generation)
+    return follow_up

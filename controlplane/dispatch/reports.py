@@ -1,0 +1,80 @@
+"""What the agents saw: their container reports fold into launches, and the reservations move on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from controlplane.dispatch.choices import FINAL_LAUNCH_STATES, LaunchState
+from controlplane.dispatch.models import Launch
+from controlplane.dispatch.services import settle
+from controlplane.inventory.models import Server
+from nodeagent import schema
+
+_RANK = {LaunchState.PENDING: 0, LaunchState.RUNNING: 1, LaunchState.STOPPING: 2}
+_REPORTED = {
+    "pending": LaunchState.PENDING,
+    "creating": LaunchState.PENDING,
+    "running": LaunchState.RUNNING,
+    "stopping": LaunchState.STOPPING,
+    "exited": LaunchState.EXITED,
+    "failed": LaunchState.FAILED,
+    "missing": LaunchState.FAILED,
+}
+
+
+def _reported_state(report: schema.ContainerReport) -> LaunchState:
+    # A launch waiting for a GPU the previous container still holds (its stop grace) comes as "pending" with
+    # the reason in ``error``: transient, the runtime starts it once the GPU is free.
+    return _REPORTED[report.state]
+
+
+def _apply_report(launch: Launch, report: schema.ContainerReport, now: datetime) -> bool:
+    """Fold one report into its launch with a conditional update; True when something changed."""
+    target = _reported_state(report)
+    current = LaunchState(launch.state)
+    fields: dict[str, object] = {}
+    for name in ("started_at", "finished_at", "exit_code"):
+        value = getattr(report, name)
+        if value is not None and getattr(launch, name) != value:
+            fields[name] = value
+    if report.container_id and report.container_id != launch.container_id:
+        fields["container_id"] = report.container_id
+    if report.log_tail and report.log_tail != launch.log_tail:
+        fields["log_tail"] = report.log_tail
+    if report.error and report.error != launch.error:
+        fields["error"] = report.error
+    if report.state == "missing" and not report.error:
+        fields["error"] = "the container disappeared from the engine"
+    if target == LaunchState.RUNNING and current == LaunchState.PENDING and launch.error and not report.error:
+        fields["error"] = ""  # the wait for a GPU is over; the reason no longer applies
+    if current in FINAL_LAUNCH_STATES:
+        # Final is final; a late report may still bring the exit code or the log tail it lacked.
+        fields = {k: v for k, v in fields.items() if getattr(launch, k) in (None, "")}
+        target = current
+    elif target not in FINAL_LAUNCH_STATES and _RANK[target] < _RANK[current]:
+        target = current  # never backwards: an old "pending" cannot undo a seen "running"
+    if target == current and not fields:
+        return False
+    changed = Launch.objects.filter(pk=launch.pk, state=current).update(state=target, updated_at=now, **fields)
+    if changed != 1:
+        # Another writer (node-loss detection, the closer) moved it first; the next heartbeat reports again.
+        return False
+    for name, value in fields.items():
+        setattr(launch, name, value)
+    launch.state = target
+    return True
+
+
+def containers_reported(*, server: Server, reports: Sequence[schema.ContainerReport], now: datetime) -> None:
+    """Fold the agent's container reports into launches and move their reservations on.
+
+    Only launches on ``server`` are touched: an agent cannot speak for another node's launch.
+    """
+    by_id = {report.launch_id: report for report in reports}
+    touched: set[int] = set()
+    for launch in Launch.objects.filter(server=server, launch_id__in=list(by_id)):
+        if _apply_report(launch, by_id[launch.launch_id], now):
+            touched.add(launch.reservation_id)
+    for reservation_id in sorted(touched):
+        settle(reservation_id=reservation_id, now=now)
