@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +60,47 @@ def wait_for(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> N
             pass
         time.sleep(0.2)
     raise SystemExit("gunicorn did not come up")
+
+
+def start_gunicorn(env: dict[str, str], *, workers: int, threads: int) -> tuple[subprocess.Popen[bytes], int]:
+    """The web server as deployed, on a free port: gthread workers, so keep-alive connections are kept and a
+    worker waiting on the database does not leave the CPU idle. Returns once it answers /healthz."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(ROOT / ".venv/bin/gunicorn"),
+            "controlplane.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--keep-alive",
+            "30",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    wait_for(port, proc)
+    return proc, port
+
+
+def run_threads(target: Callable[..., None], args: Iterable[tuple[Any, ...]]) -> float:
+    """Run ``target`` in one thread per argument tuple, all at once; returns the seconds until the last ended."""
+    import threading
+
+    threads = [threading.Thread(target=target, args=a) for a in args]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - started
 
 
 def django_on_fresh_database(script: str, default_url: str, **extra_env: str) -> tuple[str, dict[str, str]]:
@@ -116,13 +159,7 @@ def http_floor(
         with lock:
             latencies.extend(mine)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
+    elapsed = run_threads(client, [()] * clients)
     return {
         "requests": len(latencies),
         "failures": failures[0],

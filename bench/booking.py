@@ -26,17 +26,14 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from _common import django_on_fresh_database, free_port, http_floor, pct, wait_for
+from _common import django_on_fresh_database, http_floor, pct, run_threads, start_gunicorn
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
 API_MODEL, SEARCH_MODEL = "A100-80GB", "H100-80GB"
 
@@ -120,40 +117,12 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def start_web(args: argparse.Namespace, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    # As deployed: threaded workers, so keep-alive connections are kept and a worker waiting on the
-    # database does not leave the CPU idle.
-    proc = subprocess.Popen(
-        [
-            str(ROOT / ".venv/bin/gunicorn"),
-            "controlplane.wsgi:application",
-            "-b",
-            f"127.0.0.1:{port}",
-            "-w",
-            str(args.workers),
-            "--worker-class",
-            "gthread",
-            "--threads",
-            str(args.threads),
-            "--keep-alive",
-            "30",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    wait_for(port, proc)
-    return proc, port
-
-
 def phase_api(
     args: argparse.Namespace, env: dict[str, str], token: str, slugs: list[str], *, idempotency_keys: bool
 ) -> dict[str, float]:
     import requests
 
-    proc, port = start_web(args, env)
+    proc, port = start_gunicorn(env, workers=args.workers, threads=args.threads)
     latencies: list[float] = []
     counts = {"created": 0, "conflict": 0, "errors": 0}
     lock = threading.Lock()
@@ -193,13 +162,7 @@ def phase_api(
                         if counts["errors"] <= 3:
                             print("error", r.status_code, r.text[:300], file=sys.stderr)
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
-        started = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.monotonic() - started
+        elapsed = run_threads(client, [(i,) for i in range(args.clients)])
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -214,7 +177,7 @@ def phase_api(
 
 def phase_floor(args: argparse.Namespace, env: dict[str, str], token: str) -> dict[str, dict[str, float]]:
     """The stack's floor on the same kind of web server: what a request costs before an endpoint does any work."""
-    proc, port = start_web(args, env)
+    proc, port = start_gunicorn(env, workers=args.workers, threads=args.threads)
     try:
         seconds = min(args.seconds, 10.0)
         return {
@@ -266,13 +229,7 @@ def phase_raw(url: str, args: argparse.Namespace) -> dict[str, float]:
         with lock:
             latencies.extend(mine)
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(args.clients)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
+    elapsed = run_threads(writer, [(i,) for i in range(args.clients)])
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("DROP TABLE bench_raw_allocation")
     return {

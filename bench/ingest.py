@@ -30,16 +30,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import subprocess
 import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from _common import django_on_fresh_database, free_port, http_floor, pct, wait_for
+from _common import django_on_fresh_database, http_floor, pct, run_threads, start_gunicorn
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_ingest"
 COPY_BATCH = 10_000
 COPY_MIN_SECONDS = 3.0
@@ -114,32 +111,6 @@ def heartbeat_body(hostname: str, seq: int, gpus: int, rows: list[Row], wire: in
     return schema.Heartbeat(**common, samples=series).model_dump_json().encode()
 
 
-def start_gunicorn(args: argparse.Namespace, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            str(ROOT / ".venv/bin/gunicorn"),
-            "controlplane.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--worker-class",
-            "gthread",
-            "--workers",
-            str(args.workers),
-            "--threads",
-            str(args.threads),
-            "--keep-alive",
-            "30",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    wait_for(port, proc)
-    return proc, port
-
-
 def phase_api(
     args: argparse.Namespace, port: int, credentials: dict[str, str], batch_s: int, clock: dict[str, datetime]
 ) -> dict[str, object]:
@@ -181,14 +152,8 @@ def phase_api(
 
     # A client with no server would spin on an empty list and take the CPU from the server under test.
     shares = [hosts[i :: args.clients] for i in range(args.clients)]
-    threads = [threading.Thread(target=client, args=(share,)) for share in shares if share]
     cpu0 = time.process_time()
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
+    elapsed = run_threads(client, [(share,) for share in shares if share])
     client_cpu = time.process_time() - cpu0
     samples = sum(len(r) for r in accepted)
     return {
@@ -298,7 +263,7 @@ def main() -> None:
     now = datetime.now(UTC).replace(microsecond=0)
     clock = {host: now for host in credentials}
     results = []
-    proc, port = start_gunicorn(args, env)
+    proc, port = start_gunicorn(env, workers=args.workers, threads=args.threads)
     try:
         # Discovery (the first heartbeat of each server) is not what is measured.
         warm_up(args, port, credentials, clock)

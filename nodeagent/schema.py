@@ -11,12 +11,14 @@ control plane still accepts version 1 (``HeartbeatV1``: one object per sample) f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
+
+T = TypeVar("T")
 
 SCHEMA_VERSION: Final = 1
 HEARTBEAT_SCHEMA_VERSION: Final = 2
@@ -219,22 +221,31 @@ class Heartbeat(Strict):
         return self
 
 
-def series_from_samples(samples: Iterable[GpuSample]) -> list[GpuSeries]:
-    """One series per GPU, in the order the GPUs first appear and the samples within each, as the buffer holds
-    them. A field missing from some samples is null at those readings."""
+def samples_as_columns(
+    samples: Iterable[GpuSample], when: Callable[[datetime], T]
+) -> dict[str, tuple[list[T], dict[str, list[float | None]]]]:
+    """Per GPU, in the order the GPUs first appear: its sample times (each as ``when`` gives it) and one list per
+    field, in the samples' order. A field missing from some samples is null at those readings."""
     grouped: dict[str, list[GpuSample]] = {}
     for sample in samples:
         grouped.setdefault(sample.uuid, []).append(sample)
-    out = []
+    out = {}
     for uuid, group in grouped.items():
         names: dict[str, None] = {}
         for sample in group:
             names.update(dict.fromkeys(sample.fields))
-        ts = [_epoch(sample.ts) for sample in group]
         fields = {name: [sample.fields.get(name) for sample in group] for name in names}
-        # Built from validated samples: constructing skips validating every number a second time.
-        out.append(GpuSeries.model_construct(uuid=uuid, ts=ts, fields=fields))
+        out[uuid] = ([when(sample.ts) for sample in group], fields)
     return out
+
+
+def series_from_samples(samples: Iterable[GpuSample]) -> list[GpuSeries]:
+    """One series per GPU, as the buffer holds the samples (``samples_as_columns``), times in epoch seconds."""
+    # Built from validated samples: constructing skips validating every number a second time.
+    return [
+        GpuSeries.model_construct(uuid=uuid, ts=ts, fields=fields)
+        for uuid, (ts, fields) in samples_as_columns(samples, _epoch).items()
+    ]
 
 
 def _epoch(ts: datetime) -> float:

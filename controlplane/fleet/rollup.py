@@ -41,24 +41,24 @@ class MinuteFold:
     def add_columns(self, fields: Mapping[str, Sequence[float | None]], start: int, stop: int) -> None:
         """Fold readings ``start:stop`` of a GPU's columns at once: one pass over a slice of each field's list,
         no per-sample look-ups (a heartbeat after an outage brings hundreds)."""
+
+        def readings(name: str) -> list[float]:
+            column = fields.get(name)
+            return [] if column is None else [v for v in column[start:stop] if v is not None]
+
         self.samples += stop - start
-        column = fields.get(schema.GPU_UTIL)
-        if column is not None and (utils := [v for v in column[start:stop] if v is not None]):
+        if utils := readings(schema.GPU_UTIL):
             self.util_samples += len(utils)
             self.util_sum += sum(utils)
             self.util_max = _greatest(self.util_max, max(utils))
-        column = fields.get(schema.FB_USED)
-        if column is not None and (fbs := [v for v in column[start:stop] if v is not None]):
+        if fbs := readings(schema.FB_USED):
             self.fb_used_max_mib = _greatest(self.fb_used_max_mib, max(fbs))
-        column = fields.get(schema.POWER_USAGE)
-        if column is not None and (powers := [v for v in column[start:stop] if v is not None]):
+        if powers := readings(schema.POWER_USAGE):
             self.power_samples += len(powers)
             self.power_sum_w += sum(powers)
-        column = fields.get(schema.GPU_TEMP)
-        if column is not None and (temps := [v for v in column[start:stop] if v is not None]):
+        if temps := readings(schema.GPU_TEMP):
             self.temp_max_c = _greatest(self.temp_max_c, max(temps))
-        column = fields.get(schema.TOTAL_ENERGY)
-        if column is not None and (energies := [v for v in column[start:stop] if v is not None]):
+        if energies := readings(schema.TOTAL_ENERGY):
             if self.energy_first_mj is None:
                 self.energy_first_mj = energies[0]
             self.energy_last_mj = energies[-1]

@@ -100,20 +100,10 @@ def _extend(columns: GpuColumns, ts: list[int], fields: Fields) -> None:
 
 
 def _from_samples(samples: Iterable[schema.GpuSample]) -> dict[str, GpuColumns]:
-    grouped: dict[str, list[schema.GpuSample]] = {}
-    for sample in samples:
-        grouped.setdefault(sample.uuid, []).append(sample)
     out = {}
-    for uuid, group in grouped.items():
-        names: dict[str, None] = {}
-        for sample in group:
-            names.update(dict.fromkeys(sample.fields))
-        columns = GpuColumns(
-            [to_us(sample.ts) for sample in group],
-            {name: [sample.fields.get(name) for sample in group] for name in names},
-        )
+    for uuid, (ts, fields) in schema.samples_as_columns(samples, to_us).items():
+        columns = out[uuid] = GpuColumns(ts, fields)
         _sort(columns)
-        out[uuid] = columns
     return out
 
 
