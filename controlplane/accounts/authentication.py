@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,9 @@ from controlplane.accounts.models import ApiToken
 from controlplane.core import rows, tokens
 
 
-def _token_sql() -> str:
+@functools.cache
+def _token_sql(vendor: str) -> str:
+    """Written once per database vendor: every API request runs it."""
     user = get_user_model()
     return (
         f"SELECT t.id, t.digest, t.expires_at, t.revoked_at, t.last_used_at, {rows.select_list(user, 'u', 'u_')} "  # noqa: S608 - names from metadata
@@ -28,7 +31,7 @@ def token_for(lookup: str) -> ApiToken | None:
 
     The user comes whole; of the token, what authentication uses (any other field is read if asked for)."""
     with connection.cursor() as cursor:
-        cursor.execute(_token_sql(), [lookup])
+        cursor.execute(_token_sql(connection.vendor), [lookup])
         row = cursor.fetchone()
     if row is None:
         return None

@@ -4,8 +4,8 @@ the ORM's per-value expression building.
 ``QuerySet.bulk_update`` builds a ``Case(When(...))`` expression tree per field and row and resolves it in
 Python; on the heartbeat path that cost more than the database work itself. This writes the same SQL
 (``SET col = CASE id WHEN ... THEN ... END WHERE id IN (...)``) directly, with each value prepared by its
-field exactly as ``save()`` would. ``update_row`` is ``filter(pk=...).update(...)`` without compiling the
-query each time.
+field exactly as ``save()`` would. ``update_row_statement`` is ``filter(pk=...).update(...)`` without
+compiling the query each time. Each builds a statement; ``execute_together`` sends a heartbeat's writes at once.
 """
 
 from __future__ import annotations
@@ -48,16 +48,6 @@ def bulk_set_statement(objs: Sequence[Model], fields: Sequence[str]) -> Statemen
         f"WHERE {pk_column} IN ({', '.join(['%s'] * len(objs))})"
     )
     return sql, params
-
-
-def bulk_set(objs: Sequence[Model], fields: Sequence[str]) -> int:
-    """Write ``fields`` of every object in ``objs`` (same model, saved) in one statement; returns rows updated."""
-    if not objs or not fields:
-        return 0
-    sql, params = bulk_set_statement(objs, fields)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
 
 
 @functools.cache
@@ -111,14 +101,6 @@ def update_row_statement(obj: Model, values: Mapping[str, Any]) -> Statement:
     params = [meta.get_field(name).get_db_prep_save(values[name], connection) for name in names]  # type: ignore[union-attr]
     params.append(obj.pk)
     return _update_row_sql(type(obj), names), params
-
-
-def update_row(obj: Model, values: Mapping[str, Any]) -> int:
-    """Write ``values`` (field name -> value) to ``obj``'s row; returns rows updated."""
-    sql, params = update_row_statement(obj, values)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
 
 
 def execute_together(statements: Sequence[Statement], query: Statement | None = None) -> tuple[Any, ...] | None:

@@ -193,13 +193,3 @@ def minutes_statement(folds: dict[tuple[int, datetime], MinuteFold]) -> Statemen
         except ValueError:
             pass  # a NaN or infinity, which JSON cannot carry: the plain VALUES list below can
     return _upsert_sql(len(rows), connection.vendor), [value for row in rows for value in row]
-
-
-def write_minutes(folds: dict[tuple[int, datetime], MinuteFold]) -> int:
-    """Upsert the folded minutes in one statement; returns how many (GPU, minute) rows it touched."""
-    statement = minutes_statement(folds)
-    if statement is None:
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(*statement)
-    return len(folds)
