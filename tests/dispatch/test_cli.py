@@ -7,11 +7,11 @@ shipped ones.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,19 +22,13 @@ import requests
 from nodeagent import commands, schema
 from nodeagent.__main__ import main, parse_listen
 from tests.nodeagent.control_plane_double import ControlPlaneDouble
+from tests.runtime import support
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+# The agent's loop and the broker add their own latency: wait a little longer, poll a little faster.
+wait_for = functools.partial(support.wait_for, timeout=20.0, interval=0.05)
 
 
 @pytest.fixture

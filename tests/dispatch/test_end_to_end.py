@@ -7,10 +7,11 @@ to pytest-django's live server; Celery runs eagerly in the test's thread.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
 from tests.factories import member_of
 from tests.reservations.fleet import project
+from tests.runtime import support
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
@@ -56,15 +58,8 @@ JOB = [
 ]
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+# The agent's loop and the broker add their own latency: wait a little longer, poll a little faster.
+wait_for = functools.partial(support.wait_for, timeout=20.0, interval=0.05)
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@ from nodeagent.runtime.containers import LABEL_NODE
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 15.0, what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float = 15.0, what: str = "condition", interval: float = 0.1
+) -> Any:
     """Poll in real time: the container's process runs on the wall clock whatever the runtime's clock says."""
     deadline = time.monotonic() + timeout
     while True:
@@ -22,7 +24,7 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float = 15.0, what: str =
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 def logs_of(container) -> str:  # type: ignore[no-untyped-def]
