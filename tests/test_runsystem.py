@@ -11,16 +11,14 @@ import sys
 import time
 from decimal import Decimal
 from io import StringIO
-from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management.base import CommandError
 
 from controlplane.core.management.commands.runsystem import FleetMember, parse_bind, parse_fleet, portal_is_stale
-from controlplane.core.management.supervisor import Supervisor
-
-ROOT = Path(__file__).resolve().parent.parent
-
+from controlplane.core.management.supervisor import Child, CrashLoop, RestartPolicy, Supervisor
+from tests.runsystem_support import ROOT, alive, embedded_env, free_port, runsystem_argv
 
 # --- parsing --------------------------------------------------------------------------------------------
 
@@ -151,34 +149,176 @@ def test_demo_project_gets_a_quota_policy_and_credits_once(db, var_dir):
     assert [g.amount for g in grants] == [DEMO_CREDITS_PER_PERIOD]
 
 
-# --- supervisor -----------------------------------------------------------------------------------------
+# --- supervisor ---------------------------------------------------------------------------------------
 
 
 def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _supervisor(**policy: Any) -> tuple[Supervisor, StringIO, FakeClock]:
+    """A supervisor on a clock the test moves, with its jitter fixed so each delay is the nominal one."""
+    out, clock = StringIO(), FakeClock()
+    return Supervisor(out=out, policy=RestartPolicy(**policy), clock=clock, rng=lambda: 1.0), out, clock
+
+
+def _died(child: Child) -> None:
+    child.process.wait(timeout=10)
+    child.reader.join(timeout=5)
+
+
+def _runsystem_lines(out: StringIO) -> list[str]:
+    return [line.split("|", 1)[1].strip() for line in out.getvalue().splitlines() if line.startswith("runsystem ")]
+
+
 def test_each_childs_output_is_prefixed_with_its_name():
     out = StringIO()
     supervisor = Supervisor(out=out)
     child = supervisor.start("echoer", _python("print('hello'); print('world')"))
-    child.process.wait(timeout=10)
-    child.reader.join(timeout=5)
-    lines = out.getvalue().splitlines()
+    _died(child)
+    lines = [line for line in out.getvalue().splitlines() if not line.startswith("runsystem ")]
     assert [line.split("|", 1)[0].strip() for line in lines] == ["echoer", "echoer"]
     assert [line.split("|", 1)[1].strip() for line in lines] == ["hello", "world"]
+    assert _runsystem_lines(out) == [f"echoer started (pid {child.process.pid})"]
 
 
-def test_a_child_that_dies_is_named_and_the_others_are_stopped():
-    supervisor = Supervisor(out=StringIO())
+def test_a_child_that_dies_is_restarted_after_a_backoff_that_doubles_up_to_its_cap():
+    supervisor, out, clock = _supervisor(first_delay_s=1, max_delay_s=4, crash_loop_deaths=100)
+    child = supervisor.start("crasher", _python("raise SystemExit(3)"))
+    pids = [child.process.pid]
+    for delay in (1.0, 2.0, 4.0, 4.0):
+        _died(child)
+        supervisor.poll()
+        assert child.restart_at == clock.now + delay
+        clock.now += delay - 0.01
+        supervisor.poll()
+        assert child.process.pid == pids[-1], "restarted before its backoff passed"
+        clock.now += 0.01
+        supervisor.poll()
+        assert child.process.pid != pids[-1]
+        pids.append(child.process.pid)
+    assert child.restarts == 4
+    lines = _runsystem_lines(out)
+    assert "crasher died (exit status 3) after 0.0s; restarting it in 1.0s" in lines
+    assert "crasher died (exit status 3) after 0.0s; restarting it in 4.0s" in lines
+    assert f"crasher restarted (pid {pids[-1]}; restart 4)" in lines
+
+
+def test_a_child_that_ran_a_while_before_it_died_is_restarted_quickly_again():
+    supervisor, _, clock = _supervisor(first_delay_s=1, max_delay_s=30, healthy_after_s=30, crash_loop_deaths=100)
+    child = supervisor.start("crasher", _python("raise SystemExit(3)"))
+    for _ in range(3):  # 1, 2, 4
+        _died(child)
+        supervisor.poll()
+        clock.now = child.restart_at or 0.0
+        supervisor.poll()
+    _died(child)
+    clock.now += 30  # as if it had run for 30 s this time
+    supervisor.poll()
+    assert child.restart_at == clock.now + 1.0
+
+
+def test_a_death_by_signal_is_logged_with_the_signals_name():
+    supervisor, out, _ = _supervisor()
+    child = supervisor.start("sleeper", _python("import time; time.sleep(60)"))
+    os.kill(child.process.pid, signal.SIGKILL)
+    _died(child)
+    supervisor.poll()
+    assert "sleeper died (killed by SIGKILL) after 0.0s; restarting it in 1.0s" in _runsystem_lines(out)
+    supervisor.stop(grace_s=5)
+
+
+def test_a_crash_loop_raises_naming_the_child_and_the_others_are_stopped():
+    supervisor, _, clock = _supervisor(first_delay_s=1, crash_loop_deaths=3, crash_loop_window_s=60)
     sleeper = supervisor.start("sleeper", _python("import time; time.sleep(60)"))
-    supervisor.start("crasher", _python("raise SystemExit(3)"))
-    deadline = time.monotonic() + 10
-    while (dead := supervisor.first_unexpected_exit()) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert dead is not None and dead.name == "crasher" and dead.process.returncode == 3
+    crasher = supervisor.start("crasher", _python("raise SystemExit(3)"))
+    with pytest.raises(CrashLoop, match=r"^crasher died 3 times within 60s \(last: exit status 3\)$"):
+        for _ in range(3):
+            _died(crasher)
+            supervisor.poll()
+            clock.now = crasher.restart_at or 0.0
+            supervisor.poll()
+    assert sleeper.process.poll() is None, "a crash loop of one child is no reason to touch the others"
     supervisor.stop(grace_s=5)
     assert sleeper.process.returncode == -signal.SIGTERM
+
+
+def test_deaths_further_apart_than_the_window_are_no_crash_loop():
+    supervisor, _, clock = _supervisor(first_delay_s=1, crash_loop_deaths=3, crash_loop_window_s=60)
+    child = supervisor.start("crasher", _python("raise SystemExit(3)"))
+    for _ in range(6):
+        _died(child)
+        clock.now += 31  # two deaths fit in any 60 s, never three
+        supervisor.poll()
+        clock.now = child.restart_at or 0.0
+        supervisor.poll()
+    assert child.restarts == 6
+
+
+def test_what_a_dead_child_started_is_killed_before_it_is_restarted():
+    supervisor, out, _ = _supervisor()
+    parent = supervisor.start(
+        "parent",
+        _python("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                "print(p.pid, flush=True)"),
+    )  # fmt: skip
+    parent.process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while not (found := re.search(r"^parent +\| (\d+)$", out.getvalue(), re.MULTILINE)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert found, out.getvalue()
+    orphan = int(found[1])
+    assert alive(orphan), "the grandchild outlives its parent, as gunicorn's workers would"
+    supervisor.poll()
+    deadline = time.monotonic() + 10
+    while alive(orphan) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(orphan)
+    supervisor.stop(grace_s=5)
+
+
+def test_each_restart_gets_a_fresh_environment_and_a_failure_to_make_one_is_not_a_death():
+    supervisor, out, clock = _supervisor(first_delay_s=1, crash_loop_deaths=2, crash_loop_window_s=60)
+    made: list[int] = []
+
+    def restart_env() -> dict[str, str]:
+        made.append(len(made))
+        if len(made) == 1:
+            raise RuntimeError("the database is down")
+        return {**os.environ, "GENERATION": str(len(made))}
+
+    code = "import os; print('generation', os.environ.get('GENERATION', 'first')); raise SystemExit(3)"
+    child = supervisor.start("child", _python(code), env=dict(os.environ), restart_env=restart_env)
+    _died(child)
+    supervisor.poll()
+    clock.now = child.restart_at or 0.0
+    supervisor.poll()  # restart_env fails: tried again later, and it is no second death
+    assert child.restarts == 0 and child.restart_at == clock.now + 2.0
+    assert "child: cannot prepare its restart (the database is down); trying again in 2.0s" in _runsystem_lines(out)
+    clock.now = child.restart_at
+    supervisor.poll()
+    _died(child)
+    assert child.restarts == 1
+    assert re.findall(r"^child +\| generation (\w+)$", out.getvalue(), re.MULTILINE) == ["first", "2"]
+
+
+def test_a_stop_cancels_a_pending_restart():
+    supervisor, _, clock = _supervisor(first_delay_s=1)
+    child = supervisor.start("crasher", _python("raise SystemExit(3)"))
+    _died(child)
+    supervisor.poll()
+    supervisor.stop(grace_s=5)
+    clock.now += 60
+    supervisor.poll()
+    assert child.restarts == 0
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
@@ -202,22 +342,6 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
 # --- the whole system -----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _embedded_env(var_dir: Path, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}}
-    env.update(CONTROLPLANE_VAR_DIR=str(var_dir), RUNSYSTEM_BIND=f"127.0.0.1:{port}", PYTHONUNBUFFERED="1")
-    return env
-
-
-def _runsystem(*args: str) -> list[str]:
-    return [sys.executable, str(ROOT / "manage.py"), "runsystem", "--no-frontend", *args]
-
-
 @pytest.fixture
 def embedded_only():
     """These start the system on its embedded defaults: once, in the SQLite leg of the suite, is enough."""
@@ -233,7 +357,7 @@ def test_a_port_in_use_is_refused_before_anything_starts(embedded_only, tmp_path
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(_runsystem("--check", "--no-agents"), env=_embedded_env(tmp_path, port), cwd=ROOT,
+        done = subprocess.run(runsystem_argv("--check", "--no-agents"), env=embedded_env(tmp_path, port), cwd=ROOT,
                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode != 0
     assert f"127.0.0.1:{port} is already in use" in done.stderr
@@ -241,8 +365,8 @@ def test_a_port_in_use_is_refused_before_anything_starts(embedded_only, tmp_path
 
 @pytest.mark.slow
 def test_sigterm_stops_every_child_and_exits_cleanly(embedded_only, tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen(_runsystem("--no-agents"), env=_embedded_env(tmp_path, port), cwd=ROOT,
+    port = free_port()
+    proc = subprocess.Popen(runsystem_argv("--no-agents"), env=embedded_env(tmp_path, port), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     seen: list[str] = []
     try:
@@ -265,9 +389,9 @@ def test_sigterm_stops_every_child_and_exits_cleanly(embedded_only, tmp_path):
 
 @pytest.mark.slow
 def test_check_brings_up_the_default_simulated_fleet(embedded_only, tmp_path):
-    port = _free_port()
+    port = free_port()
     try:
-        done = subprocess.run(_runsystem("--check", "--check-timeout", "150"), env=_embedded_env(tmp_path, port),
+        done = subprocess.run(runsystem_argv("--check", "--check-timeout", "150"), env=embedded_env(tmp_path, port),
                               cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"runsystem --check did not finish: {exc.stdout!s}{exc.stderr!s}")
@@ -279,11 +403,27 @@ def test_check_brings_up_the_default_simulated_fleet(embedded_only, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_child_that_dies_stops_the_system_with_a_nonzero_exit_naming_it(embedded_only, tmp_path):
-    env = {**_embedded_env(tmp_path, _free_port()), "RUNSYSTEM_FLEET": "sim-bad-01=2xNO-SUCH-GPU"}
-    done = subprocess.run(_runsystem("--no-worker"), env=env, cwd=ROOT, capture_output=True, text=True,
+def test_a_crash_looping_child_stops_the_system_with_a_nonzero_exit_naming_it(embedded_only, tmp_path):
+    env = {**embedded_env(tmp_path, free_port()), "RUNSYSTEM_FLEET": "sim-bad-01=2xNO-SUCH-GPU"}
+    done = subprocess.run(runsystem_argv("--no-worker"), env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=180, check=False)  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-4000:]
-    assert "sim-bad-01 exited unexpectedly with status" in output
+    # Restarted with backoff first: one death is no reason to stop, five within a minute are.
+    assert len(re.findall(r"^runsystem +\| sim-bad-01 restarted \(pid \d+; restart \d\)$", output, re.MULTILINE)) == 4
+    assert re.search(r"sim-bad-01 died 5 times within 60s \(last: exit status \d+\); stopping everything", output)
     assert re.search(r"^runsystem +\| stopped$", output, re.MULTILINE), output[-4000:]
+
+
+# --- compose.yaml ---------------------------------------------------------------------------------------
+
+
+def test_every_long_running_compose_service_is_restarted_when_it_fails_and_the_one_shot_migrate_is_not():
+    """runsystem's restart policy in production is Docker's: a dead web, worker, beat or agent comes back."""
+    import yaml
+
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    assert services["migrate"]["restart"] == "no", "a finished migration restarted would loop forever"
+    for name, service in services.items():
+        if name != "migrate":
+            assert service.get("restart") in {"unless-stopped", "always", "on-failure"}, name

@@ -3,11 +3,13 @@
 With no environment it runs on the embedded defaults (SQLite and the filesystem broker under ``var/``); with
 ``DATABASE_URL`` and ``REDIS_URL`` it uses PostgreSQL and Redis. ``--check`` starts everything, waits until
 the API answers and every agent has enrolled and reported its GPUs, prints a summary and exits: the smoke
-test of a checkout.
+test of a checkout. A child that dies is restarted with backoff (see ``supervisor``); only a crash loop, or
+Ctrl-C/SIGTERM, stops them all.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -27,10 +29,11 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
 from django.utils import timezone
 
 from controlplane.core.management.demo import DemoResult, operator_user, seed_demo
-from controlplane.core.management.supervisor import Supervisor
+from controlplane.core.management.supervisor import CrashLoop, Supervisor
 
 DEFAULT_FLEET = "sim-h100-01=8xH100-80GB,sim-h100-02=8xH100-80GB,sim-a100-01=4xA100-40GB"
 DEFAULT_BIND = "127.0.0.1:8000"
@@ -308,16 +311,16 @@ class Command(BaseCommand):
             since = timezone.now()
             operator = operator_user()
             for member in fleet:
-                env = self.child_env()
-                token = self.join_token_if_needed(operator, member)
-                if token is not None:
-                    # In the environment, not argv: a join token should not show in the process list.
-                    env["NODEAGENT_JOIN_TOKEN"] = token
-                supervisor.start(member.hostname, self.agent_argv(member, url=url, use_docker=use_docker), env=env)
+                supervisor.start(
+                    member.hostname,
+                    self.agent_argv(member, url=url, use_docker=use_docker),
+                    env=self.agent_env(operator, member, restart=False),
+                    restart_env=functools.partial(self.agent_env, operator, member, restart=True),
+                )
             pending = {m.hostname: m for m in fleet}
             announced = False
             while not stop_requested:
-                self.raise_if_a_child_died(supervisor)
+                self.watch(supervisor)
                 for hostname, state in self.bring_up(pending, since=since, operator=operator).items():
                     self.note(f"{hostname} enrolled and reporting; {state}")
                     del pending[hostname]
@@ -342,19 +345,19 @@ class Command(BaseCommand):
             self._supervisor = None
 
     @staticmethod
-    def raise_if_a_child_died(supervisor: Supervisor) -> None:
-        dead = supervisor.first_unexpected_exit()
-        if dead is not None:
-            raise CommandError(
-                f"{dead.name} exited unexpectedly with status {dead.process.returncode}; stopping everything"
-            )
+    def watch(supervisor: Supervisor) -> None:
+        """Restart the children that died (the supervisor logs each); a crash loop stops everything."""
+        try:
+            supervisor.poll()
+        except CrashLoop as exc:
+            raise CommandError(f"{exc}; stopping everything") from exc
 
     def wait_for_web(self, url: str, supervisor: Supervisor, stop_requested: list[int], deadline: float | None) -> None:
         # The login page needs Django and the database: its 200 proves both are up.
         probe = f"{url}/admin/login/"
         started = time.monotonic()
         while not stop_requested:
-            self.raise_if_a_child_died(supervisor)
+            self.watch(supervisor)
             try:
                 with urllib.request.urlopen(probe, timeout=2) as response:  # noqa: S310 - our own http URL
                     if response.status == 200:
@@ -367,8 +370,26 @@ class Command(BaseCommand):
                 self.note(f"still waiting for {probe}")
             time.sleep(0.3)
 
-    def join_token_if_needed(self, operator: object, member: FleetMember) -> str | None:
-        """A join token for an agent without a working credential; None when its stored one is still good."""
+    def agent_env(self, operator: object, member: FleetMember, *, restart: bool) -> dict[str, str]:
+        """An agent's environment, made again before each of its starts.
+
+        It holds a join token only when the agent has no credential to use: a restarted agent keeps the one
+        saved in its state directory and enrolls nothing new. On a restart the saved one is trusted without
+        asking the database (which may be what is down): the agent itself sets aside a credential the control
+        plane refuses, and the restart after that finds none and gets a token.
+        """
+        env = self.child_env()
+        if restart:
+            close_old_connections()  # the one the main thread holds may be from before a database restart
+        token = self.join_token_if_needed(operator, member, trust_stored=restart)
+        if token is not None:
+            # In the environment, not argv: a join token should not show in the process list.
+            env["NODEAGENT_JOIN_TOKEN"] = token
+        return env
+
+    def join_token_if_needed(self, operator: object, member: FleetMember, *, trust_stored: bool) -> str | None:
+        """A join token for an agent without a working credential; None when its stored one is still good
+        (or, with ``trust_stored``, when it has one at all)."""
         from controlplane.core import tokens
         from controlplane.fleet.models import NodeCredential
         from nodeagent.agent import AgentState
@@ -377,6 +398,8 @@ class Command(BaseCommand):
         credential = state.credential()
         if credential is None:
             return self.mint_join_token(operator, member)
+        if trust_stored:
+            return None
         lookup = tokens.parse(credential, tokens.NODE_CREDENTIAL)
         active = NodeCredential.objects.filter(
             lookup=lookup or "", server__hostname=member.hostname, revoked_at__isnull=True
@@ -384,7 +407,7 @@ class Command(BaseCommand):
         if active is not None and tokens.matches(credential, active.digest):
             return None
         # The database was reset or the credential revoked since: without this the agent would be refused
-        # and stop, taking the whole system down with it.
+        # and stop at every start, a crash loop that takes the whole system down with it.
         state.revoke()
         self.note(f"{member.hostname}: its stored credential is unknown here; enrolling it again")
         return self.mint_join_token(operator, member)
