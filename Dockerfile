@@ -24,6 +24,7 @@ WORKDIR /app
 COPY pyproject.toml manage.py ./
 COPY controlplane ./controlplane
 COPY nodeagent ./nodeagent
+COPY gpucp ./gpucp
 RUN pip install .
 COPY --from=portal /frontend/dist ./frontend/dist
 

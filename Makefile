@@ -20,4 +20,4 @@ test: setup
 	scripts/test
 
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy controlplane nodeagent
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy controlplane nodeagent gpucp
