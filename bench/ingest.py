@@ -16,8 +16,8 @@ cadence (8 GPUs x 5 s = 40 GPU-samples per heartbeat); 30 is what the agent send
 its buffer drains. The clients build each body before the clock starts for that request, so the latency is the
 server's; their CPU is reported, since on one machine it is taken from the server.
 
-After the API runs, the stack's floor on the same web server: GET /healthz, which does nothing but one
-``SELECT 1``, as fast as it answers. No endpoint on this stack can take more requests per second, so the
+After the API runs, the stack's floor on the same web server: GET /livez, which does nothing but pass
+Django's middleware, as fast as it answers. No endpoint on this stack can take more requests per second, so the
 floor times the samples per heartbeat is the most that configuration could reach.
 
 The baseline, measured in the same run: PostgreSQL COPY of exactly the rows the API accepted, in 10,000-row
@@ -271,8 +271,8 @@ def main() -> None:
             api = phase_api(args, port, credentials, batch_s, clock)
             # Right after its API run, while the machine is in the same state; the web server is idle meanwhile.
             results.append((batch_s, api, phase_copy(url, api["rows"])))  # type: ignore[arg-type]
-        # The stack's floor on the same server: GET /healthz (gunicorn, Django's middleware, one SELECT 1).
-        floor = http_floor(port, path="/healthz", clients=args.clients, seconds=min(args.seconds, 10.0))
+        # The stack's floor on the same server: GET /livez (gunicorn and Django's middleware, no database).
+        floor = http_floor(port, path="/livez", clients=args.clients, seconds=min(args.seconds, 10.0))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -295,7 +295,7 @@ def main() -> None:
         print(f"{baseline:<60} {copy['rate']:>10,.0f}")
     print()
     print(
-        f"stack floor, GET /healthz on the same gunicorn: {floor['rate']:,.0f} requests/s "
+        f"stack floor, GET /livez on the same gunicorn: {floor['rate']:,.0f} requests/s "
         f"(p50 {floor['p50']:.1f} ms, p99 {floor['p99']:.1f} ms)"
     )
     for batch_s, api, copy in results:

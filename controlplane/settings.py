@@ -58,6 +58,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads the request: refuses an oversized body or a NUL in the path or query under /api/,
+    # and answers every error page under /api/ in the API's error shape.
+    "controlplane.core.api.middleware.ApiGuardMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -105,6 +108,10 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # With a file each thread has its own connection, as in production.
     _db["TEST"] = {"NAME": str(VAR_DIR / "test-controlplane.sqlite3")}
 elif _db["ENGINE"] == "django.db.backends.postgresql":
+    # A persistent connection that PostgreSQL dropped while it sat idle (a restart, a failover, an idle
+    # timeout) would fail the first request of every web thread that holds one: each request tests its
+    # connection with one cheap round trip before use, and reconnects instead.
+    _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {})
     # Parameters bound on the server, and a statement prepared once it ran 5 times on a connection: PostgreSQL
     # then runs it from its plan instead of parsing and planning it again, a third of the database's CPU
@@ -119,8 +126,18 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
 REDIS_URL = env_str("REDIS_URL")
+# How long a connect to Redis, or one of its replies, may take, for the cache and the broker alike. Redis answers
+# in a millisecond; past this it is down or cut off, and a request that waited longer would only hold a thread.
+REDIS_TIMEOUT_S = env_float("REDIS_TIMEOUT_S", 1.0, minimum=0.05)
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # Fails open: a Redis outage makes every cache call a miss, never an error (controlplane/core/cache.py).
+    CACHES = {
+        "default": {
+            "BACKEND": "controlplane.core.cache.FailOpenRedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": {"socket_connect_timeout": REDIS_TIMEOUT_S, "socket_timeout": REDIS_TIMEOUT_S},
+        }
+    }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
@@ -153,6 +170,13 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.core.api.errors.exception_handler",
+    # DRF's parsers, refusing NUL and lone surrogates in any string, JSON nested past 32 levels, and numbers
+    # out of a float's range, each as a 400 naming the field (controlplane/core/api/parsers.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.core.api.parsers.JSONParser",
+        "controlplane.core.api.parsers.FormParser",
+        "controlplane.core.api.parsers.MultiPartParser",
+    ],
     "DEFAULT_THROTTLE_CLASSES": [
         "rest_framework.throttling.AnonRateThrottle",
         "rest_framework.throttling.UserRateThrottle",
@@ -187,7 +211,14 @@ FLEET_HEARTBEAT_INTERVAL_S = env_float("FLEET_HEARTBEAT_INTERVAL_S", 5.0, minimu
 # --- Celery ---------------------------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "visibility_timeout": 3600,
+        # Without a socket timeout, a publish to a Redis that accepted the connection and then stopped answering
+        # waits forever, inside the booking request or the heartbeat that enqueues it. The worker's BRPOP is
+        # not bound by it (kombu's event loop checks that connection itself).
+        "socket_timeout": REDIS_TIMEOUT_S,
+        "socket_connect_timeout": REDIS_TIMEOUT_S,
+    }
 else:
     # The embedded broker: kombu's filesystem transport, good for one machine and no extra service.
     _broker_dir = VAR_DIR / "broker"
@@ -203,6 +234,11 @@ else:
         "store_processed": False,
     }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+# A worker (or beat) outlives any broker outage: it retries the connection forever, also when the broker is down
+# as it starts (Celery's default gives up after 100 attempts, and warns that the start-up default will change).
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -260,12 +296,34 @@ DISPATCH_REQUEUE_MIN_S = env_int("DISPATCH_REQUEUE_MIN_S", 5, minimum=0)
 # --- Fleet ----------------------------------------------------------------------------------------------
 # A server is offline once this many heartbeat intervals pass without one.
 FLEET_OFFLINE_AFTER_INTERVALS = env_int("FLEET_OFFLINE_AFTER_INTERVALS", 3, minimum=1)
+# Fencing (docs/fleet.md): an agent stops its containers after this many intervals without an answered heartbeat
+# (its lease); fewer than the offline threshold, so it has stopped them before the control plane even calls it
+# offline. Its launches are requeued only after the lease, DISPATCH_STOP_GRACE_S and this margin.
+FLEET_FENCE_AFTER_INTERVALS = env_int("FLEET_FENCE_AFTER_INTERVALS", 2, minimum=1)
+if FLEET_FENCE_AFTER_INTERVALS >= FLEET_OFFLINE_AFTER_INTERVALS:
+    raise ImproperlyConfigured(
+        f"FLEET_FENCE_AFTER_INTERVALS ({FLEET_FENCE_AFTER_INTERVALS}) must be less than "
+        f"FLEET_OFFLINE_AFTER_INTERVALS ({FLEET_OFFLINE_AFTER_INTERVALS}): an agent must stop its containers "
+        "before the control plane calls its server offline"
+    )
+FLEET_REQUEUE_MARGIN_S = env_float("FLEET_REQUEUE_MARGIN_S", 10.0, minimum=1.0)
 FLEET_GPU_TEMP_LIMIT_C = env_float("FLEET_GPU_TEMP_LIMIT_C", 90.0)
 FLEET_HEARTBEAT_MAX_BYTES = env_int("FLEET_HEARTBEAT_MAX_BYTES", 2_000_000, minimum=1024)
 FLEET_JOIN_TOKEN_TTL_S = env_int("FLEET_JOIN_TOKEN_TTL_S", 24 * 3600, minimum=60)
 TELEMETRY_MINUTE_RETENTION_DAYS = env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 14, minimum=1)
 # /metrics without credentials, for a Prometheus on a trusted network; off: an operator's bearer token.
 METRICS_PUBLIC = env_bool("METRICS_PUBLIC", default=True)
+# The deadline of a readiness probe's dependency checks (controlplane/core/health.py); keep the probe's own
+# timeout above it.
+HEALTH_CHECK_TIMEOUT_S = env_float("HEALTH_CHECK_TIMEOUT_S", 2.0, minimum=0.1)
+
+# --- Request limits -------------------------------------------------------------------------------------
+# The largest request body the API reads (a 413 request_too_large above it); the agent's endpoints keep their
+# own limits (FLEET_HEARTBEAT_MAX_BYTES for the heartbeat).
+API_MAX_REQUEST_BYTES = env_int("API_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+# Django's own ceiling on a body read into memory: never below a limit above, or Django would refuse first.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_REQUEST_BYTES, FLEET_HEARTBEAT_MAX_BYTES)
+CSRF_FAILURE_VIEW = "controlplane.core.api.errors.csrf_failure"
 
 LOGGING = {
     "version": 1,

@@ -14,6 +14,12 @@ api_v1: list[URLPattern | URLResolver] = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
 ]
 
+# Under /api/ Django's own error pages answer in the API's error shape; elsewhere they are Django's.
+handler400 = "controlplane.core.api.errors.handler400"
+handler403 = "controlplane.core.api.errors.handler403"
+handler404 = "controlplane.core.api.errors.handler404"
+handler500 = "controlplane.core.api.errors.handler500"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),

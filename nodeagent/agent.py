@@ -2,16 +2,23 @@
 
 ``step()`` does whatever is due at the clock's time and says how long until the next thing is due, so tests
 drive the agent without sleeping and ``run()`` is only a loop around it that stops on SIGTERM or SIGINT.
+
+Fencing (DESIGN invariant 8, docs/agent.md): the control plane's reply gives a lease; with no answered heartbeat
+for that long, the agent stops its containers itself, because the control plane may be about to start the same
+work elsewhere. The lease runs from the moment the last answered heartbeat was *sent*, which is never later than
+the moment the control plane recorded it; the control plane waits the lease, the stop grace and a margin for the
+loop's own delays before it requeues (controlplane/fleet/fencing.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
@@ -27,6 +34,10 @@ log = logging.getLogger(__name__)
 
 # A control plane that asks for a silly interval is not obeyed to the letter.
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 600.0
+# Near the fence, a heartbeat's connect and read timeouts are cut to half the time left each, but not below this.
+MIN_REQUEST_TIMEOUT_S = 0.5
+# A SIGKILL the runtime could not send when due is tried again this much later.
+KILL_RETRY_S = 1.0
 
 
 class Clock(Protocol):
@@ -89,6 +100,22 @@ class AgentState:
 
     def save_seq(self, seq: int) -> None:
         self._write("seq", f"{seq}\n")
+
+    def lease(self) -> tuple[datetime, float] | None:
+        """When the last answered heartbeat was sent (wall clock) and the lease it earned, or None."""
+        try:
+            saved = json.loads((self.directory / "lease").read_text())
+            return datetime.fromisoformat(saved["renewed_at"]), float(saved["lease_s"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def save_lease(self, renewed_at: datetime, lease_s: float) -> None:
+        # Kept on disk so that a restarted agent cannot lengthen its lease: the control plane counts from the
+        # same heartbeat whether or not the agent restarted.
+        self._write("lease", json.dumps({"renewed_at": renewed_at.isoformat(), "lease_s": lease_s}) + "\n")
+
+    def clear_lease(self) -> None:
+        (self.directory / "lease").unlink(missing_ok=True)
 
     def _write(self, name: str, text: str) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -153,6 +180,16 @@ class Agent:
         start = self.clock.monotonic()
         self._next_sample = start
         self._next_heartbeat = start
+        # Fencing: the lease the control plane gave (None: it gives none, and the agent never fences), the
+        # monotonic time the last answered heartbeat was sent, and why the node is fenced while it is.
+        self.lease_s: float | None = None
+        self._renewed_at: float | None = None
+        self.fenced: str | None = None
+        saved = state.lease()
+        if saved is not None:
+            renewed_at, self.lease_s = saved
+            # The monotonic clock starts again with the process; the wall clock says how much of the lease is gone.
+            self._renewed_at = start - max(0.0, (self.clock.now() - renewed_at).total_seconds())
         self._stop = threading.Event()
         # Pushed commands (see nodeagent.commands), the desired state last applied, and the monotonic time
         # of the next window start, warning or stop the runtime must act on between heartbeats.
@@ -172,6 +209,10 @@ class Agent:
     def step(self) -> float:
         """Do what is due now; the seconds until something is due next."""
         mono, now = self.clock.monotonic(), self.clock.now()
+        if self.credential is None or mono < self._next_heartbeat:
+            # With a heartbeat due, it goes first: a loop held up past the lease (a slow engine) asks the control
+            # plane before it fences. If that heartbeat fails, the check after it fences, a request's time later.
+            self._check_lease(mono, now)
         if self.commands is not None:
             for command in self.commands.take():
                 self.commands.remember(command, seq=self.seq)
@@ -189,10 +230,14 @@ class Agent:
             if self.credential is None:
                 self._enroll(now, mono)
             if self.credential is not None and mono >= self._next_heartbeat:
+                renewed = self._renewed_at
                 self._heartbeat(now, mono)
+                if self._renewed_at == renewed:  # not answered: it may have taken the rest of the lease
+                    self._check_lease(self.clock.monotonic(), self.clock.now())
         if self._next_due is not None and self.clock.monotonic() >= self._next_due:
             self._converge(*self._desired, self.clock.now(), reply_seq=None)
-        due = [self._next_sample, self._next_heartbeat] + ([self._next_due] if self._next_due is not None else [])
+        due = [self._next_sample, self._next_heartbeat]
+        due += [moment for moment in (self._next_due, self._fence_deadline()) if moment is not None]
         return max(0.0, min(due) - self.clock.monotonic())
 
     def run(self) -> None:
@@ -286,6 +331,7 @@ class Agent:
             numa_cpus=host.numa_cpus,
             container_runtime=self.runtime.facts(),
             command_url=self.commands.url if self.commands is not None else None,
+            fencing=True,
         )
 
     def _container_reports(self, now: datetime) -> list[schema.ContainerReport]:
@@ -316,7 +362,9 @@ class Agent:
             containers=containers,
         )
         try:
-            reply = self.client.heartbeat(self.credential, heartbeat)
+            reply = self.client.heartbeat(
+                self.credential, heartbeat, timeout=self._request_timeout(self.clock.monotonic(), self.clock.now())
+            )
         except CredentialRevoked as exc:
             kept = self.state.revoke()
             raise AgentStopped(
@@ -343,6 +391,10 @@ class Agent:
             return
         except Unreachable as exc:
             delay = self.backoff.failure()
+            if self._fence_deadline() is not None:
+                # While the lease runs, retry at the usual cadence: a control plane back within the lease renews
+                # it in time, and the containers keep running.
+                delay = min(delay, self.interval)
             log.warning(
                 "heartbeat %d failed (%d in a row), retrying in %.1f s; %d samples buffered: %s",
                 self.seq,
@@ -359,7 +411,82 @@ class Agent:
         self.server_name, self.server_state = reply.server, reply.server_state
         self.interval = _clamp_interval(reply.heartbeat_interval_s)
         self._next_heartbeat = mono + self.interval
+        self._renew(reply.lease_s, now, mono)
         self._converge(reply.desired, reply.stop, now, reply_seq=self.seq)
+
+    # -- fencing --------------------------------------------------------------------------------------------
+
+    def _fence_deadline(self) -> float | None:
+        """The monotonic time the lease runs out, while it runs; None when fenced or without a lease."""
+        if self.fenced is not None or self.lease_s is None or self._renewed_at is None:
+            return None
+        return self._renewed_at + self.lease_s
+
+    def _check_lease(self, mono: float, now: datetime) -> None:
+        deadline = self._fence_deadline()
+        if deadline is not None and mono >= deadline:
+            self._fence(now, mono)
+
+    def _fence(self, now: datetime, mono: float) -> None:
+        """No answered heartbeat for the lease: stop this node's containers before the control plane requeues them."""
+        assert self.lease_s is not None and self._renewed_at is not None
+        silent = mono - self._renewed_at
+        reason = f"fenced: no reply from the control plane for {silent:.1f} s (lease {self.lease_s:g} s)"
+        self.fenced = reason
+        log.warning("%s; stopping this node's containers", reason)
+        self.buffer.add_events(
+            [schema.AgentEvent(kind="agent", ts=now, message=f"{reason}; this node's containers are being stopped")]
+        )
+        try:
+            self.runtime.fence(now, reason)
+        except Exception as exc:  # the reconciles that follow fence what is still running
+            log.exception("fencing the containers failed")
+            self.buffer.add_events(
+                [schema.AgentEvent(kind="error", ts=now, message=f"fencing the containers failed: {exc}"[:2000])]
+            )
+        # Fenced, the runtime starts nothing; this reconcile arms the timer for the SIGKILLs after the grace.
+        self._converge(*self._desired, now, reply_seq=None)
+
+    def _renew(self, lease_s: float | None, now: datetime, mono: float) -> None:
+        """An answered heartbeat, sent at ``mono``: the lease starts again from then, and a fence is lifted."""
+        if lease_s is None:
+            if self.lease_s is not None:
+                log.warning("the control plane gives this node no lease any more: it will not fence itself")
+                self.state.clear_lease()
+            self.lease_s = self._renewed_at = None
+        else:
+            self.lease_s, self._renewed_at = lease_s, mono
+            self.state.save_lease(now, lease_s)
+        if self.fenced is not None:
+            log.info("the control plane answers again; the fence is lifted (%s)", self.fenced)
+            self.buffer.add_events(
+                [schema.AgentEvent(kind="agent", ts=now, message=f"the control plane answers again; was {self.fenced}")]
+            )
+            self.fenced = None
+            self.runtime.unfence()
+
+    def _request_timeout(self, mono: float, now: datetime) -> tuple[float, float] | None:
+        """The heartbeat's timeouts, so that a request into a dead network returns before the fence is due (or,
+        fenced, before a container's SIGKILL is); None: the client's own."""
+        if self.fenced is None:
+            deadline = self._fence_deadline()
+        else:
+            kill = self._next_kill_at(now)
+            deadline = None if kill is None else mono + (kill - now).total_seconds()
+        if deadline is None:
+            return None
+        each = max(MIN_REQUEST_TIMEOUT_S, (deadline - mono) / 2)
+        return None if each >= self.client.timeout else (each, each)
+
+    def _next_kill_at(self, now: datetime) -> datetime | None:
+        try:
+            kill = self.runtime.next_kill_at()
+        except Exception:
+            log.exception("asking the container runtime for its next SIGKILL failed")
+            return now + timedelta(seconds=KILL_RETRY_S)
+        if kill is not None and kill <= now:
+            return now + timedelta(seconds=KILL_RETRY_S)  # due and not sent: the engine did not take it
+        return kill
 
     def _converge(
         self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime, *, reply_seq: int | None
@@ -369,7 +496,8 @@ class Agent:
         if self.commands is not None:
             desired, stop = self.commands.merge(desired, stop, reply_seq=reply_seq)
         self.apply_desired(desired, stop, now)
-        due = next_due(desired, now)
+        moments = [moment for moment in (next_due(desired, now), self._next_kill_at(now)) if moment is not None]
+        due = min(moments, default=None)
         self._next_due = None if due is None else self.clock.monotonic() + max(0.0, (due - now).total_seconds())
 
     def apply_desired(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime) -> None:

@@ -79,24 +79,35 @@ class ControlPlaneClient:
     def enroll(self, request: schema.EnrollRequest) -> schema.EnrollReply:
         return self._post(ENROLL_PATH, request, schema.EnrollReply, headers={})
 
-    def heartbeat(self, credential: str, heartbeat: schema.Heartbeat) -> schema.HeartbeatReply:
+    def heartbeat(
+        self, credential: str, heartbeat: schema.Heartbeat, *, timeout: float | tuple[float, float] | None = None
+    ) -> schema.HeartbeatReply:
+        """``timeout`` (requests' connect and read timeouts) replaces the client's own for this request."""
         return self._post(
             HEARTBEAT_PATH,
             heartbeat,
             schema.HeartbeatReply,
             headers={"Authorization": f"Bearer {credential}"},
             revocable=True,
+            timeout=timeout,
         )
 
     def _post(
-        self, path: str, body: BaseModel, reply: type[Reply], *, headers: dict[str, str], revocable: bool = False
+        self,
+        path: str,
+        body: BaseModel,
+        reply: type[Reply],
+        *,
+        headers: dict[str, str],
+        revocable: bool = False,
+        timeout: float | tuple[float, float] | None = None,
     ) -> Reply:
         url = self.server + path
         try:
             response = self.session.post(
                 url,
                 data=body.model_dump_json(),
-                timeout=self.timeout,
+                timeout=self.timeout if timeout is None else timeout,
                 headers={"Content-Type": "application/json", **headers},
             )
         except requests.RequestException as exc:

@@ -101,6 +101,9 @@ class NodeFacts(Strict):
     container_runtime: ContainerRuntimeFacts = Field(default_factory=ContainerRuntimeFacts)
     # Where the agent listens for the control plane's signed commands; None: heartbeats only.
     command_url: Annotated[str, Field(max_length=512, pattern=r"^https?://")] | None = None
+    # The agent fences itself (stops its containers after a lease with no reply), so the control plane may give it
+    # a lease. Left out of the JSON when false: an agent without fencing sends what it always sent.
+    fencing: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 class GpuFacts(Strict):
@@ -178,6 +181,9 @@ class ContainerReport(Strict):
     exit_code: int | None = None
     error: Annotated[str, Field(max_length=2000)] | None = None
     log_tail: Annotated[str, Field(max_length=16000)] | None = None
+    # Stopped by the agent's fence (no reply from the control plane for its lease), not by the control plane;
+    # ``error`` says why. Left out of the JSON when false.
+    fenced: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 class HeartbeatV1(Strict):
@@ -314,6 +320,10 @@ class HeartbeatReply(Strict):
     desired: list[DesiredContainer] = Field(default_factory=list)
     # Launch ids the agent must stop now even if still in their window (cancel, release).
     stop: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list)
+    # The agent's lease: with no answered heartbeat for this long, it stops its containers (fencing). Sent only to
+    # an agent that says it fences (``NodeFacts.fencing``), and left out of the JSON otherwise, because an older
+    # agent refuses a reply with a field it does not know.
+    lease_s: Annotated[float, Field(gt=0)] | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class EnrollRequest(Strict):

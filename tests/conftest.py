@@ -23,12 +23,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if connection.vendor == "postgresql":
         return
     skip = pytest.mark.skip(reason="PostgreSQL behaviour: runs in the PostgreSQL leg of the suite")
-    # Fault tests start and kill real processes: slow, and one run of them is enough.
+    # Fault tests start and kill real processes: slow, and one run of them is enough. (The browser test runs
+    # once too, in this SQLite leg: tests/e2e/test_portal.py starts a system of its own.)
     once = pytest.mark.skip(reason="fault test: runs once, in the PostgreSQL leg of the suite")
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
-        elif "faults" in item.keywords or item.nodeid.startswith("faults/") or "/faults/" in item.nodeid:
+        elif "faults" in item.keywords or "/faults/" in f"/{item.nodeid}":
             item.add_marker(once)
 
 

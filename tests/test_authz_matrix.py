@@ -10,6 +10,16 @@ To cover a new endpoint, add one row to ROWS:
 Paths are format strings over the world's refs ("{project}", "{teammate}", ...). A test module that needs
 objects of its own appends a builder to REF_BUILDERS: ``def refs(world) -> dict[str, object]``, run after the
 base world exists. List the module's URLs in COVERED_URLCONFS and every endpoint it serves must have a row.
+
+A refusal tells the caller nothing it may not know (issue 10):
+
+- It is the same, status and bytes, when the target exists and when it does not. Each ref in a path has a
+  missing twin in MISSING; a row whose body names a target gives ``missing_body`` and the kinds of target it
+  names (``body_targets``). Only callers who cannot see any of the swapped targets are compared: a viewer
+  of atlas knows atlas exists, and gets a 404 for a project that does not.
+- It comes before the body is read: a write refused with the real body is refused identically with an empty
+  body and with one whose every field has the wrong type (keeping only ``keep``, the keys that say what the
+  target is, such as a booking's ``project``).
 """
 
 from __future__ import annotations
@@ -32,12 +42,18 @@ from tests.factories import TEST_PASSWORD, ApiTokenFactory, OperatorFactory, Pro
 ROLES = ("owner", "teammate", "viewer", "outsider", "operator", "anonymous", "agent")
 
 
+Body = dict[str, Any] | Callable[["World"], dict[str, Any]] | None
+
+
 @dataclass(frozen=True)
 class Row:
     method: str
     path: str
     expect: dict[str, int]
-    body: dict[str, Any] | Callable[[World], dict[str, Any]] | None = None
+    body: Body = None
+    missing_body: Body = None
+    body_targets: frozenset[str] = frozenset()
+    keep: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.method} {self.path}"
@@ -55,6 +71,9 @@ def row(
     anonymous: int = 401,
     agent: int = 401,
     body: Any = None,
+    missing_body: Any = None,
+    body_targets: frozenset[str] = frozenset(),
+    keep: tuple[str, ...] = (),
 ) -> Row:
     """One endpoint. Anonymous callers and node agents are refused tenant endpoints unless stated."""
     expect = {
@@ -66,7 +85,7 @@ def row(
         "anonymous": anonymous,
         "agent": agent,
     }
-    return Row(method, path, expect, body)
+    return Row(method, path, expect, body, missing_body, body_targets, keep)
 
 
 # Presets for the usual shapes of a project-scoped endpoint.
@@ -89,12 +108,26 @@ TOKEN = "/api/v1/tokens/{owner_token}/"
 ROWS: list[Row] = [
     # accounts
     row("GET", "/api/v1/projects/", **ANY_USER),
-    row("POST", "/api/v1/projects/", body={"name": "New", "owner": "sam"}, **OPERATORS_CREATE),
+    row(
+        "POST",
+        "/api/v1/projects/",
+        body={"name": "New", "owner": "sam"},
+        missing_body={"name": "New", "owner": "no-such-user"},
+        body_targets=frozenset({"user"}),
+        **OPERATORS_CREATE,
+    ),
     row("GET", PROJECT, **MEMBERS_READ),
     row("PATCH", PROJECT, body={"description": "changed"}, **OWNERS_WRITE),
     row("PUT", PROJECT, body={"name": "Atlas", "description": "", "requeue_on_interrupt": True}, **OWNERS_WRITE),
     row("GET", "/api/v1/projects/{project}/members/", **MEMBERS_READ),
-    row("POST", "/api/v1/projects/{project}/members/", body={"username": "sam", "role": "viewer"}, **OWNERS_CREATE),
+    row(
+        "POST",
+        "/api/v1/projects/{project}/members/",
+        body={"username": "sam", "role": "viewer"},
+        missing_body={"username": "no-such-user", "role": "viewer"},
+        body_targets=frozenset({"user"}),
+        **OWNERS_CREATE,
+    ),
     row("GET", MEMBER, **MEMBERS_READ),
     row("PATCH", MEMBER, body={"role": "viewer"}, **OWNERS_WRITE),
     row("PUT", MEMBER, body={"role": "owner"}, **OWNERS_WRITE),
@@ -165,7 +198,7 @@ def agent_credential() -> str:
 @pytest.mark.parametrize("case", ROWS, ids=str)
 def test_authorization_matrix(db: Any, case: Row, role: str) -> None:
     world = World()
-    body = case.body(world) if callable(case.body) else case.body
+    body = _built(case.body, world)
     url = case.path.format(**world.refs)
     response = world.client(role).generic(case.method, url, data=_json(body), content_type="application/json")
     expected = case.expect[role]
@@ -175,6 +208,73 @@ def test_authorization_matrix(db: Any, case: Row, role: str) -> None:
     if expected == 404 and role not in ("anonymous", "agent"):
         # The body must not hint that the object exists.
         assert response.json()["error"]["code"] == "not_found"
+    if expected not in REFUSALS:
+        return
+    client = world.client(role)
+    swapped = _refs_in(case.path) | case.body_targets
+    if swapped and not any(role in VISIBLE_TO[kind] for kind in swapped):
+        # The same refusal, to the byte, when the target does not exist.
+        missing_refs = {**world.refs, **{ref: MISSING[ref] for ref in _refs_in(case.path)}}
+        missing_body = _built(case.missing_body, world) if case.missing_body is not None else body
+        twin = client.generic(
+            case.method, case.path.format(**missing_refs), data=_json(missing_body), content_type="application/json"
+        )
+        assert (twin.status_code, twin.content) == (response.status_code, response.content), (
+            f"{case} as {role}: a missing target is answered {twin.status_code} {twin.content[:300]!r}, "
+            f"an existing one {response.status_code} {response.content[:300]!r}"
+        )
+    if case.method in ("POST", "PUT", "PATCH"):
+        # Refused before the body is read: an empty body and a body of wrong types are refused alike.
+        kept = {key: body[key] for key in case.keep} if isinstance(body, dict) else {}
+        junk = {key: [] for key in (body or {})}
+        for other in ({**kept}, {**junk, **kept}):
+            again = client.generic(case.method, url, data=_json(other), content_type="application/json")
+            assert (again.status_code, again.content) == (response.status_code, response.content), (
+                f"{case} as {role} with the body {other}: {again.status_code} {again.content[:300]!r}, "
+                f"but {response.status_code} {response.content[:300]!r} with the real one"
+            )
+
+
+REFUSALS = (401, 403, 404)
+MEMBERS_OF_ATLAS = frozenset({"owner", "teammate", "viewer", "operator"})
+# Who can see the object each kind of target names; a refusal may tell them whether it exists.
+VISIBLE_TO: dict[str, frozenset[str]] = {
+    "project": MEMBERS_OF_ATLAS,
+    "project_slug": MEMBERS_OF_ATLAS,
+    "teammate": MEMBERS_OF_ATLAS,
+    "reservation": MEMBERS_OF_ATLAS,
+    "done": MEMBERS_OF_ATLAS,
+    "entry": MEMBERS_OF_ATLAS,
+    "owner_token": frozenset({"owner"}),
+    # Another user, not in the caller's projects: only operators see who exists.
+    "user": frozenset({"operator"}),
+}
+# For each ref of a path, one that names nothing.
+MISSING: dict[str, object] = {
+    "project": 999_999,
+    "project_slug": "no-such-project",
+    "teammate": "no-such-user",
+    "reservation": "00000000-0000-4000-8000-000000000000",
+    "done": "00000000-0000-4000-8000-000000000001",
+    "entry": 999_999,
+    "owner_token": 999_999,
+}
+
+
+def _refs_in(path: str) -> set[str]:
+    """The refs of a path that name a target (not the instants of a query)."""
+    return set(re.findall(r"\{(\w+)\}", path)) - {"start", "end", "later"}
+
+
+def _built(body: Body, world: World) -> dict[str, Any] | None:
+    return body(world) if callable(body) else body
+
+
+def test_every_path_ref_has_a_missing_twin_and_a_visibility() -> None:
+    for case in ROWS:
+        for ref in _refs_in(case.path):
+            assert ref in MISSING and ref in VISIBLE_TO, (case, ref)
+        assert case.body_targets <= set(VISIBLE_TO), case
 
 
 def test_every_covered_endpoint_has_a_row() -> None:
@@ -250,6 +350,16 @@ def _booking_refs(world: World) -> dict[str, object]:
     }
 
 
+def _booking(world: World, project: str) -> dict[str, Any]:
+    return {
+        "project": project,
+        "name": "matrix",
+        "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
+        "window": {"start": world.refs["start"], "end": world.refs["end"]},
+        "container": {"image": "img"},
+    }
+
+
 REF_BUILDERS.append(_booking_refs)
 COVERED_URLCONFS.extend(["controlplane.reservations.api.urls", "controlplane.ledger.api.urls"])
 BOOKERS_WRITE = dict(owner=200, teammate=200, viewer=403, outsider=404, operator=200)
@@ -263,13 +373,10 @@ ROWS.extend(
             "POST",
             "/api/v1/reservations/",
             **BOOKERS_CREATE,
-            body=lambda w: {
-                "project": "atlas",
-                "name": "matrix",
-                "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
-                "window": {"start": w.refs["start"], "end": w.refs["end"]},
-                "container": {"image": "img"},
-            },
+            body=lambda w: _booking(w, "atlas"),
+            missing_body=lambda w: _booking(w, "no-such-project"),
+            body_targets=frozenset({"project_slug"}),
+            keep=("project",),
         ),
         row("GET", RESERVATION, **MEMBERS_READ),
         row("POST", RESERVATION + "cancel/", body={"reason": "matrix"}, **BOOKERS_WRITE),
@@ -290,19 +397,128 @@ ROWS.extend(
             "POST",
             "/api/v1/ledger/grants/",
             body={"project": "atlas", "amount": "5", "reason": "m"},
+            missing_body={"project": "no-such-project", "amount": "5", "reason": "m"},
+            body_targets=frozenset({"project_slug"}),
             **OPERATORS_CREATE,
         ),
         row(
             "POST",
             "/api/v1/ledger/adjustments/",
             body={"project": "atlas", "amount": "-1", "reason": "m"},
+            missing_body={"project": "no-such-project", "amount": "-1", "reason": "m"},
+            body_targets=frozenset({"project_slug"}),
             **OPERATORS_CREATE,
         ),
         row(
             "POST",
             "/api/v1/ledger/refunds/",
             body=lambda w: {"project": "atlas", "reservation": str(w.refs["done"]), "amount": "0.5", "reason": "m"},
+            missing_body={"project": "no-such-project", "reservation": MISSING["done"], "amount": "0.5", "reason": "m"},
+            body_targets=frozenset({"project_slug", "done"}),
             **OPERATORS_CREATE,
         ),
+    ]
+)
+
+
+# --- the inventory and the fleet: operators write, every signed-in user reads the live fleet ---------------
+def _fleet_refs(world: World) -> dict[str, object]:
+    """A site and rack, a GPU model nothing uses, a GPU with a fault to acknowledge, and a join token."""
+    from controlplane.fleet.services import join_token_create
+    from controlplane.inventory.models import Gpu, GpuModel, Rack, Server, Site
+
+    site = Site.objects.create(name="dc-matrix")
+    rack = Rack.objects.create(site=site, name="r-matrix")
+    unused = GpuModel.objects.create(name="L4-24GB", product_name="NVIDIA L4", memory_mib=23034)
+    server = Server.objects.exclude(hostname="node-matrix").get()
+    gpu = Gpu.objects.filter(server=server).order_by("index").first()
+    assert gpu is not None
+    Gpu.objects.filter(pk=gpu.pk).update(needs_acknowledgement=True, health_reasons=["xid 79"])
+    token, _ = join_token_create(actor=None, note="matrix")
+    return {
+        "site": site.pk,
+        "rack": rack.pk,
+        "gpu_model": unused.pk,
+        "server": server.pk,
+        "node": Server.objects.get(hostname="node-matrix").pk,
+        "gpu": gpu.pk,
+        "join_token": token.pk,
+    }
+
+
+def _heartbeat(world: World) -> dict[str, Any]:
+    from tests.fleet.helpers import heartbeat
+
+    return heartbeat("node-matrix", gpus=[])
+
+
+REF_BUILDERS.append(_fleet_refs)
+COVERED_URLCONFS.extend(["controlplane.inventory.api.urls", "controlplane.fleet.api.urls"])
+EVERYONE = frozenset(ROLES)
+VISIBLE_TO.update(
+    {
+        # The catalog and the live fleet are every signed-in user's to read (availability needs them).
+        "site": EVERYONE,
+        "rack": EVERYONE,
+        "gpu_model": EVERYONE,
+        "server": EVERYONE,
+        "node": EVERYONE,
+        "gpu": EVERYONE,
+        # Join tokens are operators' only.
+        "join_token": frozenset({"operator"}),
+    }
+)
+MISSING.update({ref: 999_999 for ref in ("site", "rack", "gpu_model", "server", "node", "gpu", "join_token")})
+OPERATORS_READ = dict(owner=403, teammate=403, viewer=403, outsider=403, operator=200)
+OPERATORS_DELETE = dict(owner=403, teammate=403, viewer=403, outsider=403, operator=204)
+NOBODY_BUT_THE_AGENT = dict(owner=401, teammate=401, viewer=401, outsider=401, operator=401, anonymous=401, agent=200)
+SITE, RACK, MODEL = "/api/v1/sites/{site}/", "/api/v1/racks/{rack}/", "/api/v1/gpu-models/{gpu_model}/"
+MODEL_BODY = {"name": "L4-24GB", "product_name": "NVIDIA L4", "memory_mib": 23034}
+ROWS.extend(
+    [
+        row("GET", "/api/v1/sites/", **ANY_USER),
+        row("POST", "/api/v1/sites/", body={"name": "dc-new"}, **OPERATORS_CREATE),
+        row("GET", SITE, **ANY_USER),
+        row("PUT", SITE, body={"name": "dc-renamed", "location": "here"}, **OPERATORS_WRITE),
+        row("PATCH", SITE, body={"location": "there"}, **OPERATORS_WRITE),
+        row("DELETE", SITE, **dict(OPERATORS_DELETE, operator=409)),  # its rack protects it
+        row("GET", "/api/v1/racks/", **ANY_USER),
+        row("POST", "/api/v1/racks/", body=lambda w: {"site": w.refs["site"], "name": "r-new"}, **OPERATORS_CREATE),
+        row("GET", RACK, **ANY_USER),
+        row("PUT", RACK, body=lambda w: {"site": w.refs["site"], "name": "r-renamed"}, **OPERATORS_WRITE),
+        row("PATCH", RACK, body={"name": "r-patched"}, **OPERATORS_WRITE),
+        row("DELETE", RACK, **OPERATORS_DELETE),
+        row("GET", "/api/v1/gpu-models/", **ANY_USER),
+        row(
+            "POST",
+            "/api/v1/gpu-models/",
+            body={**MODEL_BODY, "name": "L40S", "product_name": "NVIDIA L40S"},
+            **OPERATORS_CREATE,
+        ),
+        row("GET", MODEL, **ANY_USER),
+        row("PUT", MODEL, body=MODEL_BODY, **OPERATORS_WRITE),
+        row("PATCH", MODEL, body={"memory_mib": 24000}, **OPERATORS_WRITE),
+        row("DELETE", MODEL, **OPERATORS_DELETE),
+        row("GET", "/api/v1/servers/", **ANY_USER),
+        row("GET", "/api/v1/servers/{server}/", **ANY_USER),
+        row("GET", "/api/v1/servers/{server}/events/", **OPERATORS_READ),
+        row("POST", "/api/v1/servers/{server}/state/", body={"state": "maintenance", "reason": "m"}, **OPERATORS_WRITE),
+        row("POST", "/api/v1/servers/{node}/revoke-credential/", body={"reason": "m"}, **OPERATORS_WRITE),
+        row("GET", "/api/v1/gpus/", **ANY_USER),
+        row("GET", "/api/v1/gpus/{gpu}/", **ANY_USER),
+        row("POST", "/api/v1/gpus/{gpu}/acknowledge/", body={"reason": "m"}, **OPERATORS_WRITE),
+        row("GET", "/api/v1/join-tokens/", **OPERATORS_READ),
+        row("POST", "/api/v1/join-tokens/", body={"note": "matrix"}, **OPERATORS_CREATE),
+        row("GET", "/api/v1/join-tokens/{join_token}/", **OPERATORS_READ),
+        row("POST", "/api/v1/join-tokens/{join_token}/revoke/", **OPERATORS_WRITE),
+        # The join token is the credential, and it is in the body: a forged one is refused alike for everyone.
+        row(
+            "POST",
+            "/api/v1/agent/enroll/",
+            body={"join_token": "gcj_000000000000_forged", "hostname": "node-new"},
+            keep=("join_token", "hostname"),
+            **{role: 403 for role in ROLES},
+        ),
+        row("POST", "/api/v1/agent/heartbeat/", body=_heartbeat, **NOBODY_BUT_THE_AGENT),
     ]
 )

@@ -9,7 +9,9 @@ from controlplane.core.choices import IdempotencyState
 class IdempotencyRecord(models.Model):
     """The outcome of a POST sent with an ``Idempotency-Key``, replayed when the same request comes again.
 
-    ``scope`` is a hash of the caller's identity, so two callers never share a key.
+    ``scope`` is a hash of the caller's identity, so two callers never share a key. The record is written in
+    the request's own transaction (controlplane/core/idempotency.py): ``in_progress`` is only ever seen by
+    that transaction, and a committed record holds the response that was committed with the effect.
     """
 
     scope = models.CharField(max_length=64)

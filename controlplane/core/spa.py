@@ -17,7 +17,7 @@ from django.views.decorators.http import require_safe
 
 # Paths the portal never answers; kept out of the URL pattern itself so that Django's APPEND_SLASH still
 # redirects /api/v1/me to /api/v1/me/ instead of the catch-all swallowing it.
-_RESERVED = r"(?:api|admin|static|metrics|healthz)(?:/|$)"
+_RESERVED = r"(?:api|admin|static|metrics|healthz|livez|readyz)(?:/|$)"
 _IMMUTABLE = "public, max-age=31536000, immutable"
 
 NOT_BUILT = """<!doctype html><html lang="en"><meta charset="utf-8"><title>Portal not built</title>

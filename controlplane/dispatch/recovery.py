@@ -1,5 +1,10 @@
 """Node loss: a server that stopped sending heartbeats loses its launches; their reservations are interrupted,
-settled for the time used, and requeued as linked follow-ups where the project opted in."""
+settled for the time used, and requeued as linked follow-ups where the project opted in.
+
+Fencing (docs/fleet.md): node-loss detection calls ``server_lost`` only once the server's agent has had time to
+stop its containers itself (its lease, the stop grace and a margin), and an agent that did so and came back first
+reports the stop as ``fenced``, which ``launch_fenced`` treats the same way. Either way the old container is gone
+before the follow-up is booked."""
 
 from __future__ import annotations
 
@@ -19,20 +24,36 @@ from controlplane.reservations.services import reservation_create, reservation_m
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 
-def server_lost(*, server: Server, now: datetime) -> None:
-    """``server`` stopped sending heartbeats: its launches are lost, their reservations interrupted and settled
-    for the time used (up to the last heartbeat), and requeued where the project opted in."""
+def server_lost(*, server: Server, now: datetime) -> int:
+    """``server`` stopped sending heartbeats long enough ago for its agent to have fenced itself: its launches
+    are lost, their reservations interrupted and settled for the time used (up to the last heartbeat), and
+    requeued where the project opted in. Returns how many launches were lost."""
     last_seen = server.last_heartbeat_at or now
     reason = f"server {server.hostname} stopped sending heartbeats"
+    if server.last_heartbeat_at is not None:
+        reason += f" {(now - server.last_heartbeat_at).total_seconds():.0f} s ago"
     reservation_ids: set[int] = set()
+    lost = 0
     for launch in Launch.objects.filter(server=server, state__in=LIVE_LAUNCH_STATES):
         fields: dict[str, object] = {"state": LaunchState.LOST, "error": reason, "updated_at": now}
         if launch.started_at is not None and launch.finished_at is None:
             fields["finished_at"] = max(launch.started_at, min(last_seen, now))
         if Launch.objects.filter(pk=launch.pk, state=launch.state).update(**fields) == 1:
             reservation_ids.add(launch.reservation_id)
+            lost += 1
     for reservation_id in sorted(reservation_ids):
         _interrupt(reservation_id=reservation_id, reason=reason, now=now)
+    return lost
+
+
+def launch_fenced(*, launch: Launch, now: datetime) -> None:
+    """The agent of ``launch``'s server stopped its container on its own, because it had no reply from the
+    control plane for its lease (the report said ``fenced``; ``launch`` is already lost). The container is known
+    to be gone, so its reservation is interrupted and requeued now, as for a lost server, whether or not node-loss
+    detection had got that far: the agent will not start it again."""
+    host = Server.objects.filter(pk=launch.server_id).values_list("hostname", flat=True).first()
+    reason = f"the agent on {host} stopped the container itself ({launch.error or 'fenced'})"
+    _interrupt(reservation_id=launch.reservation_id, reason=reason, now=now)
 
 
 def _interrupt(*, reservation_id: int, reason: str, now: datetime) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from controlplane.dispatch import recovery
 from controlplane.dispatch.choices import FINAL_LAUNCH_STATES, LaunchState
 from controlplane.dispatch.models import Launch
 from controlplane.dispatch.services import settle
@@ -24,6 +25,10 @@ _REPORTED = {
 
 
 def _reported_state(report: schema.ContainerReport) -> LaunchState:
+    if report.fenced and report.state in ("exited", "failed", "missing"):
+        # Stopped by the agent's own fence, not by the job or by us: node loss for this launch. Only once it is
+        # gone; a fenced container still in its grace is "stopping" and may not be started anywhere else yet.
+        return LaunchState.LOST
     # A launch waiting for a GPU the previous container still holds (its stop grace) comes as "pending" with
     # the reason in ``error``: transient, the runtime starts it once the GPU is free.
     return _REPORTED[report.state]
@@ -73,8 +78,14 @@ def containers_reported(*, server: Server, reports: Sequence[schema.ContainerRep
     """
     by_id = {report.launch_id: report for report in reports}
     touched: set[int] = set()
+    fenced: list[Launch] = []
     for launch in Launch.objects.filter(server=server, launch_id__in=list(by_id)):
+        was = launch.state
         if _apply_report(launch, by_id[launch.launch_id], now):
             touched.add(launch.reservation_id)
-    for reservation_id in sorted(touched):
+            if launch.state == LaunchState.LOST and was != LaunchState.LOST:
+                fenced.append(launch)
+    for launch in fenced:
+        recovery.launch_fenced(launch=launch, now=now)
+    for reservation_id in sorted(touched - {launch.reservation_id for launch in fenced}):
         settle(reservation_id=reservation_id, now=now)

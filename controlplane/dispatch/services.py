@@ -26,6 +26,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.core.broker import broker_guard
 from controlplane.dispatch.choices import LIVE_LAUNCH_STATES, LaunchState
 from controlplane.dispatch.models import Launch
 from controlplane.fleet.models import NodeCredential
@@ -143,7 +144,8 @@ def publish_once(task: Any, **options: Any) -> None:
     if app.conf.task_always_eager:
         task.apply_async(**options)
         return
-    with app.producer_or_acquire() as producer:
+    # A broker that hangs costs one socket timeout, then fails the next publishes at once for a moment.
+    with broker_guard(str(app.conf.broker_url)), app.producer_or_acquire() as producer:
         producer.connection.ensure_connection(max_retries=0)
         task.apply_async(producer=producer, retry=False, **options)
 

@@ -38,8 +38,9 @@ def containers_reported(server: Server, reports: Sequence[ContainerReport], now:
     dispatch_reports.containers_reported(server=server, reports=reports, now=now)
 
 
-def server_lost(server: Server, now: datetime) -> None:
-    """``server`` was just marked offline by node-loss detection."""
+def server_lost(server: Server, now: datetime) -> int:
+    """``server`` has been offline long enough for its agent to have fenced itself (``fleet.fencing``): its
+    launches are lost. How many were."""
     from controlplane.dispatch import recovery
 
-    recovery.server_lost(server=server, now=now)
+    return recovery.server_lost(server=server, now=now)

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from controlplane.core import rows, tokens
 from controlplane.core.errors import PermissionDenied, ValidationFailed
-from controlplane.fleet import desired, health
+from controlplane.fleet import desired, fencing, health
 from controlplane.fleet.authentication import CredentialRefused
 from controlplane.fleet.bulk import Statement, bulk_set_statement, execute_together, update_row_statement
 from controlplane.fleet.models import NodeCredential
@@ -380,6 +380,8 @@ def _ingest(
         heartbeat_interval_s=server.heartbeat_interval_s,
         desired=wanted,
         stop=stop,
+        # Only to an agent that fences: an older one would refuse a reply with a field it does not know.
+        lease_s=fencing.lease_s(server.heartbeat_interval_s) if heartbeat.node.fencing else None,
     )
 
 

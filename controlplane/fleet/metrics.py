@@ -1,8 +1,12 @@
 """Prometheus exposition of the fleet, read from the database at scrape time.
 
-One collector registered once in a private registry; each scrape runs three queries. Per-GPU series carry
-DCGM's names and labels (``gpu``, ``UUID``-style ``uuid``, ``modelName``, ``Hostname``-style ``hostname``) so
-dashboards built for dcgm-exporter work, plus ``simulated`` so simulated GPUs are never mistaken for real ones.
+One collector registered once in a private registry; each scrape runs three queries. Beside it, two counters
+that each process keeps in memory, of the calls that went without Redis (controlplane/core/cache.py and
+broker.py): per process, so with several web processes a scrape sees the one that answered it.
+
+Per-GPU series carry DCGM's names and labels (``gpu``, ``UUID``-style ``uuid``, ``modelName``,
+``Hostname``-style ``hostname``) so dashboards built for dcgm-exporter work, plus ``simulated`` so simulated
+GPUs are never mistaken for real ones.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controlplane.core.broker import PUBLISH_ERRORS
+from controlplane.core.cache import CACHE_ERRORS
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
 from nodeagent import schema
@@ -68,3 +74,5 @@ class FleetCollector(Collector):
 
 registry = CollectorRegistry(auto_describe=False)
 registry.register(FleetCollector())
+registry.register(CACHE_ERRORS)
+registry.register(PUBLISH_ERRORS)

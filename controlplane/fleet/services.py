@@ -6,16 +6,18 @@ The heartbeat itself lives in ``controlplane.fleet.ingest`` (re-exported here).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.core import tokens
 from controlplane.core.errors import Conflict, PermissionDenied, ValidationFailed
-from controlplane.fleet import desired, health
+from controlplane.fleet import desired, fencing, health
 from controlplane.fleet.ingest import heartbeat_ingest, heartbeat_ingest_with_credential
 from controlplane.fleet.models import GpuTelemetryMinute, JoinToken, NodeCredential
 from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
@@ -201,30 +203,42 @@ def gpu_acknowledge(*, gpu: Gpu, actor: Any, reason: str) -> Gpu:
 
 
 def detect_lost_servers(now: datetime | None = None) -> int:
-    """Mark offline every server silent for FLEET_OFFLINE_AFTER_INTERVALS of its heartbeat interval.
+    """Node loss, in two steps (docs/fleet.md, "Node loss and fencing"):
 
-    Each server is its own transaction, so one failure does not hold back the rest.
+    1. a server silent for FLEET_OFFLINE_AFTER_INTERVALS of its heartbeat interval goes offline, and nothing new
+       is placed on it;
+    2. once it has been silent for ``fencing.requeue_after_s`` (its agent's lease, the stop grace and a margin:
+       by then a fencing agent has stopped its containers), dispatch loses its launches, interrupting and
+       requeuing their reservations.
+
+    Each server is its own transaction, so one failure does not hold back the rest. Returns how many servers
+    either step acted on.
     """
     now = now or timezone.now()
-    intervals = settings.FLEET_OFFLINE_AFTER_INTERVALS
-    shortest = (
-        Server.objects.exclude(state__in=[ServerState.OFFLINE, ServerState.RETIRED])
-        .order_by("heartbeat_interval_s")
-        .values_list("heartbeat_interval_s", flat=True)
-        .first()
-    )
+    live = Server.objects.exclude(state__in=[ServerState.OFFLINE, ServerState.RETIRED])
+    acted: set[int] = set()
+    for server in _silent(live, now, fencing.offline_after_s):
+        if _mark_offline(server=server, now=now):
+            acted.add(server.pk)
+    for server in _silent(Server.objects.filter(state=ServerState.OFFLINE), now, fencing.requeue_after_s):
+        if _release_launches(server=server, now=now):
+            acted.add(server.pk)
+    return len(acted)
+
+
+def _silent(servers: QuerySet[Server], now: datetime, limit_s: Callable[[float], float]) -> list[Server]:
+    """The servers whose last heartbeat is more than ``limit_s(their interval)`` before ``now``."""
+    shortest = servers.order_by("heartbeat_interval_s").values_list("heartbeat_interval_s", flat=True).first()
     if shortest is None:
-        return 0
-    candidates = Server.objects.exclude(state__in=[ServerState.OFFLINE, ServerState.RETIRED]).filter(
-        last_heartbeat_at__lt=now - timedelta(seconds=intervals * shortest)
-    )
-    lost = 0
+        return []
+    # The shortest interval gives the widest net for the index; each server is then judged by its own interval.
+    candidates = servers.filter(last_heartbeat_at__lt=now - timedelta(seconds=limit_s(shortest)))
+    found = []
     for server in candidates.only("pk", "hostname", "state", "heartbeat_interval_s", "last_heartbeat_at"):
         assert server.last_heartbeat_at is not None  # the filter above
-        deadline = server.last_heartbeat_at + timedelta(seconds=intervals * server.heartbeat_interval_s)
-        if deadline < now and _mark_offline(server=server, now=now):
-            lost += 1
-    return lost
+        if server.last_heartbeat_at + timedelta(seconds=limit_s(server.heartbeat_interval_s)) < now:
+            found.append(server)
+    return found
 
 
 @transaction.atomic
@@ -240,6 +254,7 @@ def _mark_offline(*, server: Server, now: datetime) -> bool:
         != 1
     ):
         return False
+    requeue_after = fencing.requeue_after_s(server.heartbeat_interval_s)
     server_event(
         server=server,
         kind=EventKind.STATE,
@@ -248,12 +263,29 @@ def _mark_offline(*, server: Server, now: datetime) -> bool:
         to_state=ServerState.OFFLINE,
         at=now,
         reason=f"no heartbeat for {silent_for:.0f} s (limit {settings.FLEET_OFFLINE_AFTER_INTERVALS} x "
-        f"{server.heartbeat_interval_s:g} s)",
-        data={"last_heartbeat_at": last.isoformat()},
+        f"{server.heartbeat_interval_s:g} s); its launches are requeued once it has been silent for "
+        f"{requeue_after:g} s",
+        data={
+            "last_heartbeat_at": last.isoformat(),
+            "requeue_at": (last + timedelta(seconds=requeue_after)).isoformat(),
+        },
     ).save()
-    server.refresh_from_db()
-    desired.server_lost(server, now)
     return True
+
+
+@transaction.atomic
+def _release_launches(*, server: Server, now: datetime) -> bool:
+    """Hand an offline server's launches to dispatch as lost; True when it had any."""
+    # Under the server's row lock, which a heartbeat takes first too: a heartbeat that arrived meanwhile has
+    # brought the server back, and its agent's own reports (fenced or running) settle its launches instead.
+    locked = (
+        Server.objects.select_for_update()
+        .filter(pk=server.pk, state=ServerState.OFFLINE, last_heartbeat_at=server.last_heartbeat_at)
+        .first()
+    )
+    if locked is None:
+        return False
+    return desired.server_lost(locked, now) > 0
 
 
 def prune_telemetry(now: datetime | None = None) -> int:

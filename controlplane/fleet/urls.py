@@ -1,17 +1,18 @@
-"""/metrics for Prometheus and /healthz for load balancers, outside the versioned API."""
+"""/metrics for Prometheus; /livez, /readyz and /healthz for probes and load balancers; outside the versioned
+API. What the probes check, and why only the database makes the process unready: controlplane/core/health.py."""
 
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rest_framework import exceptions
 
 from controlplane.accounts.authentication import BearerTokenAuthentication
 from controlplane.accounts.selectors import is_operator
+from controlplane.core.health import readiness
 from controlplane.fleet.metrics import registry
 
 
@@ -41,18 +42,24 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
-@require_GET
-def healthz(request: HttpRequest) -> JsonResponse:
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
-    except Exception as exc:
-        return JsonResponse({"status": "error", "database": str(exc)[:200]}, status=503)
-    return JsonResponse({"status": "ok", "database": "ok"})
+@require_safe
+def livez(request: HttpRequest) -> JsonResponse:
+    """Liveness: the process answers. No dependency is asked (see controlplane/core/health.py)."""
+    return JsonResponse({"status": "ok"})
+
+
+@require_safe
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness: 200 while the database answers (``degraded`` when the cache or the broker does not), else 503;
+    each dependency is named with its state."""
+    ready, body = readiness()
+    return JsonResponse(body, status=200 if ready else 503)
 
 
 urlpatterns = [
     path("metrics", metrics, name="metrics"),
-    path("healthz", healthz, name="healthz"),
+    path("livez", livez, name="livez"),
+    path("readyz", readyz, name="readyz"),
+    # The load balancers' and compose's probe since the start: readiness under its older name.
+    path("healthz", readyz, name="healthz"),
 ]

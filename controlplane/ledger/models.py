@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -15,6 +15,11 @@ from controlplane.accounts.models import Project
 from controlplane.ledger.choices import EntryKind, Period
 
 CREDIT_PLACES = Decimal("0.0001")
+# The ledger's range: no total it shows may pass this, in either direction (each kind's total, the balance,
+# what is held; see services.credit_room). 15 significant digits is the most SQLite keeps of a decimal (it
+# stores a REAL, and Django reads back 15 digits), and the amount column (16 digits, 4 places) holds it with
+# a digit to spare, so every sum is exact and storable on both databases. A single entry is a sum of one.
+CREDIT_LIMIT = Decimal("99999999999.9999")
 
 
 class QuotaPolicy(models.Model):
@@ -25,7 +30,10 @@ class QuotaPolicy(models.Model):
 
     project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="quota_policy")
     credits_per_period = models.DecimalField(
-        max_digits=16, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+        max_digits=16,
+        decimal_places=4,
+        default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(CREDIT_LIMIT)],
     )
     period = models.CharField(max_length=16, choices=Period.choices, default=Period.MONTH)
     max_concurrent_gpus = models.PositiveIntegerField(null=True, blank=True)

@@ -1,4 +1,5 @@
-"""Writes to the ledger. Every write happens under the project's row lock and keeps the balance >= 0."""
+"""Writes to the ledger. Every write happens under the project's row lock, keeps the balance >= 0 and keeps
+every total within CREDIT_LIMIT (``credit_room``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Project
 from controlplane.core import rows
-from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
+from controlplane.core.errors import Conflict, DomainError, QuotaExceeded, ValidationFailed
 from controlplane.ledger.choices import EntryKind
-from controlplane.ledger.models import CREDIT_PLACES, LedgerEntry, QuotaPolicy
-from controlplane.ledger.selectors import ZERO, outstanding_hold, project_balance
+from controlplane.ledger.models import CREDIT_LIMIT, CREDIT_PLACES, LedgerEntry, QuotaPolicy
+from controlplane.ledger.selectors import (
+    ZERO,
+    LedgerTotals,
+    ledger_totals,
+    outstanding_hold,
+    totals_from,
+    totals_sql,
+)
 
 _PROJECT = Project._meta.db_table
 
@@ -46,6 +54,75 @@ def lock_project(*, project_id: int) -> None:
             raise Project.DoesNotExist(f"No project {project_id}.")
 
 
+# owned (balance + held) = grant + charge + refund + adjust: a hold or a release only moves credits between
+# the balance and what is held.
+_OWNED_KINDS = frozenset({EntryKind.GRANT, EntryKind.CHARGE, EntryKind.REFUND, EntryKind.ADJUST})
+_TOTAL_NAMES = {
+    EntryKind.GRANT: "grants",
+    EntryKind.HOLD: "holds",
+    EntryKind.CHARGE: "charges",
+    EntryKind.RELEASE: "releases",
+    EntryKind.REFUND: "refunds",
+    EntryKind.ADJUST: "adjustments",
+}
+
+
+@dataclass(frozen=True)
+class Room:
+    """The largest entry a project's ledger can take now, and the total that sets it."""
+
+    credits: Decimal
+    total: str  # "grants", "holds", ... or "credits" (the balance plus what is held)
+
+
+def credit_room(totals: LedgerTotals, *, kind: str, negative: bool) -> Room:
+    """How large an entry of ``kind`` and that sign can be, so that every total the ledger shows stays within
+    +-CREDIT_LIMIT: its kind's total, and the balance plus what is held (``owned``), which bounds both the
+    balance and ``held`` since neither is below zero.
+
+    Only a total the entry moves away from zero can refuse it: one already past the limit (written before
+    there was one) still takes entries that bring it back.
+    """
+    sign = -1 if negative else 1
+    room = Room(max(ZERO, CREDIT_LIMIT - sign * totals.by_kind[kind]), _TOTAL_NAMES[EntryKind(kind)])
+    if kind in _OWNED_KINDS:
+        owned = max(ZERO, CREDIT_LIMIT - sign * totals.owned)
+        if owned < room.credits:
+            room = Room(owned, "credits")
+    return room
+
+
+def _beyond_limit(kind: str, amount: Decimal, room: Room) -> DomainError:
+    what = "balance plus held credits" if room.total == "credits" else room.total
+    message = (
+        f"This would take the project's {what} past {CREDIT_LIMIT} credits, the most its ledger records; "
+        f"at most {room.credits} fits."
+    )
+    if kind == EntryKind.HOLD:
+        # A booking or an extension: refused as a quota is, and the client sees which one.
+        return QuotaExceeded(
+            message, extra={"quota": "ledger_limit", "needed": str(-amount), "available": str(room.credits)}
+        )
+    return ValidationFailed(
+        f"amount: {message}",
+        code="ledger_limit",
+        fields={"amount": [message]},
+        extra={"limit": str(CREDIT_LIMIT), "available": str(room.credits)},
+    )
+
+
+def _refuse_unless_it_fits(*, project_id: int, kind: str, amount: Decimal) -> None:
+    totals = ledger_totals(project_id=project_id)
+    if amount < 0 and totals.balance + amount < 0:
+        raise QuotaExceeded(
+            f"The project has {totals.balance} credits left and this needs {-amount}.",
+            extra={"quota": "credits", "needed": str(-amount), "available": str(totals.balance)},
+        )
+    room = credit_room(totals, kind=kind, negative=amount < 0)
+    if abs(amount) > room.credits:
+        raise _beyond_limit(kind, amount, room)
+
+
 def _append(
     *,
     project_id: int,
@@ -60,15 +137,11 @@ def _append(
     at: datetime | None = None,
     checked: bool = False,
 ) -> LedgerEntry:
-    # Callers hold lock_project(), so the balance read here cannot change before the insert. ``checked``:
-    # the caller read the balance under that same lock (check_quota) and it cannot have moved since.
-    if amount < 0 and not checked:
-        available = project_balance(project_id=project_id)
-        if available + amount < 0:
-            raise QuotaExceeded(
-                f"The project has {available} credits left and this needs {-amount}.",
-                extra={"quota": "credits", "needed": str(-amount), "available": str(available)},
-            )
+    # Callers hold lock_project(), so the totals read here cannot change before the insert. ``checked``: the
+    # caller read them under that same lock (check_quota, a capped charge or grant) and they cannot have
+    # moved since.
+    if not checked:
+        _refuse_unless_it_fits(project_id=project_id, kind=kind, amount=amount)
     entry = LedgerEntry(
         project_id=project_id,
         kind=kind,
@@ -85,10 +158,18 @@ def _append(
     return entry
 
 
-def _positive(amount: Decimal, field: str = "amount") -> Decimal:
-    if amount <= 0:
-        raise ValidationFailed(f"{field}: must be greater than zero.", fields={field: ["Must be greater than zero."]})
-    return credits(amount)
+def _amount(amount: Decimal, *, positive: bool) -> Decimal:
+    """An operator's amount, refused unless it is within the ledger's range (before rounding, which cannot
+    take a number of more than 28 digits)."""
+    if not Decimal(amount).is_finite() or abs(amount) > CREDIT_LIMIT:
+        message = f"Must be at most {CREDIT_LIMIT} credits" + ("." if positive else " either way.")
+        raise ValidationFailed(f"amount: {message}", fields={"amount": [message]})
+    if positive and amount <= 0:
+        raise ValidationFailed("amount: must be greater than zero.", fields={"amount": ["Must be greater than zero."]})
+    value = credits(amount)
+    if value == 0:  # an adjustment of -0.00001 rounds up to nothing
+        raise ValidationFailed("amount: an adjustment cannot be zero.", fields={"amount": ["Must not be zero."]})
+    return value
 
 
 def _reason(reason: str) -> str:
@@ -103,21 +184,17 @@ def _reason(reason: str) -> str:
 @transaction.atomic
 def ledger_grant(*, project: Project, amount: Decimal, actor: Any, reason: str) -> LedgerEntry:
     """An operator grants credits to a project."""
+    amount = _amount(amount, positive=True)
     lock_project(project_id=project.pk)
-    return _append(
-        project_id=project.pk, kind=EntryKind.GRANT, amount=_positive(amount), reason=_reason(reason), actor=actor
-    )
+    return _append(project_id=project.pk, kind=EntryKind.GRANT, amount=amount, reason=_reason(reason), actor=actor)
 
 
 @transaction.atomic
 def ledger_adjust(*, project: Project, amount: Decimal, actor: Any, reason: str) -> LedgerEntry:
     """An operator's correction, either sign; a negative one cannot take the balance below zero."""
-    if amount == 0:
-        raise ValidationFailed("amount: an adjustment cannot be zero.", fields={"amount": ["Must not be zero."]})
+    amount = _amount(amount, positive=False)
     lock_project(project_id=project.pk)
-    return _append(
-        project_id=project.pk, kind=EntryKind.ADJUST, amount=credits(amount), reason=_reason(reason), actor=actor
-    )
+    return _append(project_id=project.pk, kind=EntryKind.ADJUST, amount=amount, reason=_reason(reason), actor=actor)
 
 
 @transaction.atomic
@@ -128,7 +205,7 @@ def ledger_refund(*, project: Project, reservation: Any, amount: Decimal, actor:
             "reservation: belongs to another project.",
             fields={"reservation": ["The reservation belongs to another project."]},
         )
-    amount = _positive(amount)
+    amount = _amount(amount, positive=True)
     lock_project(project_id=project.pk)
     charged = -sum((e.amount for e in LedgerEntry.objects.filter(reservation=reservation, kind=EntryKind.CHARGE)), ZERO)
     refunded = sum((e.amount for e in LedgerEntry.objects.filter(reservation=reservation, kind=EntryKind.REFUND)), ZERO)
@@ -156,7 +233,10 @@ def period_key_for(when: datetime) -> str:
 def ledger_grant_period(*, project: Project, when: datetime | None = None) -> LedgerEntry | None:
     """Grant the policy's credits for the period holding ``when``, once; None when already granted or nothing to grant.
 
-    A unique constraint on (project, period key) makes a second run, even a concurrent one, a no-op.
+    A unique constraint on (project, period key) makes a second run, even a concurrent one, a no-op. A grant
+    that would take a total past CREDIT_LIMIT is cut to what fits (perhaps zero) and the rest recorded in
+    its ``data.ungranted``: refusing it would leave the period ungranted, and the task would pick the same
+    project again on every run.
     """
     lock_project(project_id=project.pk)
     policy = QuotaPolicy.objects.filter(project=project).first()
@@ -165,15 +245,20 @@ def ledger_grant_period(*, project: Project, when: datetime | None = None) -> Le
     key = period_key_for(when or timezone.now())
     if LedgerEntry.objects.filter(project=project, kind=EntryKind.GRANT, period_key=key).exists():
         return None
+    room = credit_room(ledger_totals(project_id=project.pk), kind=EntryKind.GRANT, negative=False)
+    amount = min(policy.credits_per_period, room.credits)
+    data = {} if amount == policy.credits_per_period else {"ungranted": str(policy.credits_per_period - amount)}
     try:
         with transaction.atomic():
             return _append(
                 project_id=project.pk,
                 kind=EntryKind.GRANT,
-                amount=policy.credits_per_period,
+                amount=amount,
                 reason=f"credits for {key}",
                 actor_label="system:period-grant",
                 period_key=key,
+                data=data,
+                checked=True,
             )
     except IntegrityError:
         return None
@@ -208,11 +293,18 @@ def quota_policy_set(
     return policy
 
 
-_QUOTA_STATE_SQL = (
-    f"SELECT (SELECT max_concurrent_gpus FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "  # noqa: S608 - names from metadata
-    f"(SELECT max_reservation_hours FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "
-    f"(SELECT SUM(amount) FROM {LedgerEntry._meta.db_table} WHERE project_id = %s)"
-)
+# A booking's hold moves only the holds' total (credit_room), so only that one is read beside the balance.
+_QUOTA_KINDS = (EntryKind.HOLD.value,)
+
+
+def _quota_state_sql() -> tuple[str, list[str]]:
+    columns, params = totals_sql(_QUOTA_KINDS)  # per database vendor: built when asked
+    sql = (
+        f"SELECT (SELECT max_concurrent_gpus FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "  # noqa: S608 - names from metadata
+        f"(SELECT max_reservation_hours FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "
+        f"{columns} FROM {LedgerEntry._meta.db_table} WHERE project_id = %s"
+    )
+    return sql, params
 
 
 @dataclass(frozen=True)
@@ -226,20 +318,20 @@ class QuotaNeed:
     hours: Decimal  # the reservation's whole length after the change
 
 
-def _quota_state(project_id: int) -> tuple[int | None, Decimal | None, Decimal]:
-    """The caps of the project's policy (None: no cap) and its balance, in one query."""
+def _quota_state(project_id: int) -> tuple[int | None, Decimal | None, LedgerTotals]:
+    """The caps of the project's policy (None: no cap) and its ledger's totals, in one query."""
+    sql, params = _quota_state_sql()
     with connection.cursor() as cursor:
-        cursor.execute(_QUOTA_STATE_SQL, [project_id, project_id, project_id])
-        max_gpus, max_hours, total = cursor.fetchone()
+        cursor.execute(sql, [project_id, project_id, *params, project_id])
+        max_gpus, max_hours, *totals = cursor.fetchone()
     hours_places = QuotaPolicy._meta.get_field("max_reservation_hours").decimal_places  # type: ignore[union-attr]
-    balance = rows.decimal(total, CREDIT_PLACES) if total is not None else ZERO.quantize(CREDIT_PLACES)
-    assert balance is not None
-    return max_gpus, rows.decimal(max_hours, Decimal(1).scaleb(-hours_places)), balance
+    return max_gpus, rows.decimal(max_hours, Decimal(1).scaleb(-hours_places)), totals_from(totals, _QUOTA_KINDS)
 
 
 def check_quota(*, project_id: int, need: QuotaNeed) -> None:
     """Refuse with QuotaExceeded naming the quota, what is needed and what is left. Caller holds lock_project()."""
-    max_gpus, max_hours, available = _quota_state(project_id)
+    max_gpus, max_hours, totals = _quota_state(project_id)
+    available = totals.balance
     if max_hours is not None and need.hours > max_hours:
         raise QuotaExceeded(
             f"A reservation may last at most {max_hours} hours; this one lasts {need.hours}.",
@@ -257,6 +349,9 @@ def check_quota(*, project_id: int, need: QuotaNeed) -> None:
             f"The project has {available} credits left and this needs {need.credits}.",
             extra={"quota": "credits", "needed": str(need.credits), "available": str(available)},
         )
+    room = credit_room(totals, kind=EntryKind.HOLD, negative=True)
+    if need.credits > room.credits:
+        raise _beyond_limit(EntryKind.HOLD, -need.credits, room)
 
 
 def ledger_hold(
@@ -298,13 +393,16 @@ def ledger_settle(
     """Replace a reservation's hold by a charge for what it used, releasing the rest.
 
     The hold is released in full and the charge taken after it, so the ledger shows both facts. A charge
-    above what the project can pay (a container that ran past its window) is capped at the balance and the
-    shortfall recorded in the entry's data: the balance never goes below zero.
+    above what the project can pay (a container that ran past its window) is capped at the balance, and at
+    what the charges' total can take (``credit_room``), and the shortfall recorded in the entry's data: the
+    balance never goes below zero.
     Caller holds lock_project().
     """
     held = outstanding_hold(reservation_id=reservation_id)
     release = None
     if held > 0:
+        # Never refused: it gives back what a hold took, so it leaves the balance plus held unchanged, and
+        # the releases cannot total more than the holds did.
         release = _append(
             project_id=project_id,
             kind=EntryKind.RELEASE,
@@ -313,12 +411,15 @@ def ledger_settle(
             actor=actor,
             actor_label=actor_label,
             reservation_id=reservation_id,
+            checked=True,
         )
     used = credits(used) if used > 0 else ZERO
     if used == 0:
         return release, None
-    available = project_balance(project_id=project_id)
-    charged = min(used, available)
+    totals = ledger_totals(project_id=project_id)
+    # Capped, never refused: the reservation has run. At the balance, and at what the charges' total can
+    # still take (CREDIT_LIMIT), which only a project that has spent ~1e11 credits meets.
+    charged = min(used, totals.balance, credit_room(totals, kind=EntryKind.CHARGE, negative=True).credits)
     data = {"used": str(used)}
     if charged < used:
         data["uncharged"] = str(used - charged)
@@ -334,6 +435,7 @@ def ledger_settle(
         actor_label=actor_label,
         reservation_id=reservation_id,
         data=data,
+        checked=True,
     )
     return release, charge
 

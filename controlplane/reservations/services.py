@@ -2,8 +2,11 @@
 
 Every write runs under the project's row lock (bookings of one project go one at a time, so quota checks
 cannot both pass) and, when GPUs are taken, under row locks on those GPUs (ordered by id, so two bookings
-never deadlock). On PostgreSQL the exclusion constraint on allocations is the last word: if anything slipped
-past the locks, the insert fails and the booking is refused with Conflict.
+never wait on each other for them). On PostgreSQL the exclusion constraint on allocations is the last word: if
+anything slipped past the locks, the insert fails and the booking is refused with Conflict. Its check can still
+deadlock two bookings that insert overlapping allocations of one GPU at the same instant (it runs after the
+index entry is in; no lock order prevents that), so the workflows that insert or move allocations run again
+when the database aborts them for it (``retry_on_transient``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Project
 from controlplane.core import rows
+from controlplane.core.db import retry_on_transient
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Server
@@ -202,7 +206,7 @@ def _place_and_allocate(
     raise Conflict("Other bookings kept taking the chosen GPUs; try again.", code="gpu_taken")
 
 
-@transaction.atomic
+@retry_on_transient
 def reservation_create(
     *,
     project: Project,
@@ -420,7 +424,7 @@ def _end_early(current: Reservation, *, actor: Any, reason: str, now: datetime) 
     return current
 
 
-@transaction.atomic
+@retry_on_transient
 def reservation_extend(
     *, reservation: Reservation, ends_at: datetime, actor: Any, reason: str = "", now: datetime | None = None
 ) -> Reservation:

@@ -29,6 +29,19 @@ class ContainerRuntime(Protocol):
         """UUIDs of the GPUs bound to a running container now."""
         ...
 
+    def fence(self, now: datetime, reason: str) -> None:
+        """No reply from the control plane for the lease: stop every running container (notice, SIGTERM, SIGKILL
+        after its grace), report each as ``fenced`` with ``reason``, and start nothing until ``unfence``."""
+        ...
+
+    def unfence(self) -> None:
+        """The control plane answered again; what runs is the desired state's to say once more."""
+        ...
+
+    def next_kill_at(self) -> datetime | None:
+        """When a container being stopped is next due its SIGKILL, so the agent reconciles then without a reply."""
+        ...
+
 
 class NullRuntime:
     """No container engine on this node (``--runtime none``).
@@ -63,3 +76,12 @@ class NullRuntime:
 
     def busy_gpus(self) -> set[str]:
         return set()
+
+    def fence(self, now: datetime, reason: str) -> None:
+        """Nothing runs here, so nothing needs stopping."""
+
+    def unfence(self) -> None:
+        pass
+
+    def next_kill_at(self) -> datetime | None:
+        return None

@@ -98,6 +98,8 @@ class Launch:
     missing: bool = False
     # Created ahead of its window and not yet asked to start: reported pending, not creating.
     prepared: bool = False
+    # Why the agent's fence stopped it (no reply from the control plane for its lease); reported with it.
+    fenced: str | None = None
 
     @property
     def status(self) -> str | None:
@@ -168,6 +170,8 @@ def launch_report(launch: Launch) -> schema.ContainerReport | None:
     """What the control plane is told of one launch; None for a launch with nothing to say yet."""
 
     def report(state: ReportState, **fields: Any) -> schema.ContainerReport:
+        if launch.fenced is not None:
+            fields.update(fenced=True, error=fields.get("error") or launch.fenced)
         return schema.ContainerReport(
             launch_id=launch.launch_id,
             reservation=launch.reservation,

@@ -128,6 +128,8 @@ class DockerRuntime:
         self._ops: dict[str, Future[_Outcome]] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="docker-launch")
         self._waker: Callable[[], None] | None = None
+        # While set (the reason), the node is fenced: see ``fence``.
+        self.fenced: str | None = None
         self._adopt()
 
     def set_waker(self, waker: Callable[[], None] | None) -> None:
@@ -165,10 +167,17 @@ class DockerRuntime:
             if status in LIVE_STATES:
                 if launch.desired is None or now >= launch.desired.window_end:
                     self._begin_stop(launch, now)
+                elif self.fenced is not None and status in SIGNALLABLE_STATES and launch.stop_deadline is None:
+                    self._fence_launch(launch, now, self.fenced)  # its start was in flight when the fence came
                 elif launch.warned_for != iso(launch.desired.window_end) and now >= self._warn_at(launch.desired):
                     self._warn(launch, now)
             if launch.stop_deadline is not None and now >= launch.stop_deadline and status in SIGNALLABLE_STATES:
                 self._kill(launch)
+
+        if self.fenced is not None:
+            # Fenced: nothing starts, and nothing is removed, so every stopped container and its report are
+            # still here when the control plane answers again.
+            return
 
         # Earliest window first, then in the order the control plane listed (the sort is stable), so two
         # launches naming one GPU resolve the same way on every heartbeat: the first keeps it.
@@ -205,6 +214,43 @@ class DockerRuntime:
             if spec.window_start > now and spec.launch_id not in self._ops
         ]
         return max(0.0, min([MAX_START_WAIT_S, *upcoming]))
+
+    def fence(self, now: datetime, reason: str) -> None:
+        """The node heard nothing from the control plane for its lease, which may be starting this work elsewhere:
+        stop every running container of ours as at the end of a window (the notice in the warning file and
+        SIGUSR1, then SIGTERM, then SIGKILL after the launch's grace), and start nothing until ``unfence``.
+
+        A container already being stopped (its window ended, a cancel) goes on as it was: its end is not the
+        fence's. Each fenced launch is marked, on disk too, and reported with ``fenced`` and ``reason``. While
+        fenced nothing is removed, so the reports wait for the control plane."""
+        # First: should the engine fail below, every later reconcile still starts nothing and fences what runs.
+        self.fenced = reason
+        self._collect_ops()
+        self._refresh()
+        for launch in self._launches.values():
+            # A start in flight is fenced by the reconcile that sees it running.
+            if launch.launch_id in self._ops or launch.stop_deadline is not None:
+                continue
+            if launch.status in SIGNALLABLE_STATES:
+                self._fence_launch(launch, now, reason)
+
+    def unfence(self) -> None:
+        """The control plane answered again: its desired state is the authority once more. A fenced launch stays
+        stopped and keeps its mark; whether anything runs again is the reply's to say (a new launch, if so)."""
+        self.fenced = None
+
+    def next_kill_at(self) -> datetime | None:
+        """When the next SIGKILL of a container being stopped is due (the end of its grace), if any: the agent
+        reconciles then, also when no heartbeat reply comes (a fenced node gets none)."""
+        due = [
+            launch.stop_deadline
+            for launch in self._launches.values()
+            if launch.stop_deadline is not None
+            and not launch.killed
+            and launch.status in SIGNALLABLE_STATES
+            and launch.launch_id not in self._ops
+        ]
+        return min(due, default=None)
 
     def busy(self) -> bool:
         """Whether a create or start is in flight."""
@@ -313,6 +359,8 @@ class DockerRuntime:
             directory = self._dir(launch_id)
             with contextlib.suppress(OSError):
                 launch.warned_for = (directory / "warned").read_text().strip() or None
+            with contextlib.suppress(OSError):
+                launch.fenced = (directory / "fenced").read_text().strip() or None
             deadline = self._read_json(directory / "stopping.json")
             if deadline:
                 launch.stop_deadline = datetime.fromisoformat(deadline["deadline"])
@@ -510,22 +558,45 @@ class DockerRuntime:
     def _warn(self, launch: Launch, now: datetime) -> None:
         spec = launch.desired
         assert spec is not None
+        self._notify(
+            launch,
+            {
+                "window_end": iso(spec.window_end),
+                "stop_at": iso(spec.window_end),
+                "kill_at": iso(spec.window_end + timedelta(seconds=spec.stop_grace_s)),
+            },
+        )
+
+    def _notify(self, launch: Launch, payload: dict[str, str]) -> None:
+        """The notice before a stop: the warning file, then SIGUSR1."""
         mount_dir = self._dir(launch.launch_id) / "mount"
         mount_dir.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "window_end": iso(spec.window_end),
-            "stop_at": iso(spec.window_end),
-            "kill_at": iso(spec.window_end + timedelta(seconds=spec.stop_grace_s)),
-        }
         tmp = mount_dir / ".warning.tmp"
         tmp.write_text(json.dumps(payload) + "\n")
         os.chmod(tmp, 0o644)
         # A rename, so the job never reads half a file.
         tmp.replace(mount_dir / "warning")
         # The marker goes first: a crash between it and the signal loses one warning, never sends two.
-        launch.warned_for = iso(spec.window_end)
+        launch.warned_for = payload["window_end"]
         (self._dir(launch.launch_id) / "warned").write_text(launch.warned_for + "\n")
         self._signal(launch, "SIGUSR1")
+
+    def _fence_launch(self, launch: Launch, now: datetime, reason: str) -> None:
+        # The mark goes first, like the warning's: a crash after it still reports the stop as the fence's.
+        launch.fenced = reason[:ERROR_CHARS]
+        (self._dir(launch.launch_id) / "fenced").write_text(launch.fenced + "\n")
+        end = launch.desired.window_end if launch.desired is not None else now
+        self._notify(
+            launch,
+            {
+                "window_end": iso(end),
+                "stop_at": iso(now),
+                "kill_at": iso(now + timedelta(seconds=launch.stop_grace_s)),
+                "reason": launch.fenced,
+            },
+        )
+        log.warning("%s: stopping %s", reason, launch.launch_id)
+        self._begin_stop(launch, now)
 
     def _begin_stop(self, launch: Launch, now: datetime) -> None:
         if launch.stop_deadline is not None:

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import secrets
 import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.accounts.models import ApiToken
 from controlplane.core.choices import IdempotencyState
-from controlplane.core.idempotency import caller_scope
+from controlplane.core.idempotency import REPLAYED_HEADER, IdempotencyMiddleware, caller_scope
 from controlplane.core.models import IdempotencyRecord
 from controlplane.core.tasks import prune_idempotency_records
 from tests.core import urls as test_urls
 from tests.factories import ApiTokenFactory, UserFactory
+from tests.runtime.support import wait_for
 
 
 def bearer_client(token: ApiToken) -> APIClient:
@@ -156,35 +164,153 @@ def test_a_request_without_the_header_is_not_recorded(token):
     assert not IdempotencyRecord.objects.exists()
 
 
-def in_progress_record(token: ApiToken, key: str, *, age: timedelta = timedelta(0)) -> IdempotencyRecord:
-    """The record a concurrent first request holds while it runs, made by replaying its fingerprint."""
+def test_an_in_progress_record_left_committed_is_taken_over(token):
+    """The middleware never commits a record in progress (the claim and the response share one transaction);
+    one written so before that, by a process that died mid-request, holds nothing up."""
     client = bearer_client(token)
-    post_token(client, key)
-    record = IdempotencyRecord.objects.get(key=key)
-    IdempotencyRecord.objects.filter(pk=record.pk).update(
-        state=IdempotencyState.IN_PROGRESS, response_status=None, response_body=None, created_at=timezone.now() - age
-    )
+    post_token(client, "k")
+    IdempotencyRecord.objects.update(state=IdempotencyState.IN_PROGRESS, response_status=None, response_body=None)
     ApiToken.objects.filter(user=token.user).exclude(pk=token.pk).delete()
-    return record
-
-
-def test_a_duplicate_of_a_request_still_running_waits_then_gets_409(token, settings):
-    settings.IDEMPOTENCY_WAIT_S = 0.2
-    in_progress_record(token, "k")
-    response = post_token(bearer_client(token), "k")
-    assert response.status_code == 409
-    assert response.json()["error"]["code"] == "idempotency_request_in_progress"
-    assert "still in progress" in response.json()["error"]["message"]
-    assert created_tokens(token) == 0
-
-
-def test_an_abandoned_in_progress_record_is_taken_over(token, settings):
-    settings.IDEMPOTENCY_STALE_AFTER_S = 60
-    in_progress_record(token, "k", age=timedelta(minutes=5))
-    response = post_token(bearer_client(token), "k")
+    response = post_token(client, "k")
     assert response.status_code == 201
     assert "Idempotent-Replayed" not in response
     assert created_tokens(token) == 1
+    assert IdempotencyRecord.objects.get().state == IdempotencyState.COMPLETED
+
+
+def keyed_request(rf: RequestFactory, token: ApiToken, key: str, body: bytes = b'{"name": "ci"}') -> HttpRequest:
+    return rf.post(  # type: ignore[no-any-return]
+        "/api/v1/tokens/",
+        data=body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token.plaintext}",  # type: ignore[attr-defined]
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+
+
+def writing_view(token: ApiToken, *, status: int, calls: list[str], hold: threading.Event | None = None):  # type: ignore[no-untyped-def]
+    """A view that makes one token (its effect), then answers ``status``; with ``hold``, only once it is set."""
+
+    def view(request: HttpRequest) -> HttpResponse:
+        calls.append("run")
+        ApiToken.objects.create(user=token.user, name=f"made-{len(calls)}", lookup=secrets.token_hex(6), digest="d")
+        if hold is not None:
+            assert hold.wait(timeout=30)
+        return JsonResponse({"n": len(calls)}, status=status)
+
+    return view
+
+
+def made_tokens(token: ApiToken) -> int:
+    return ApiToken.objects.filter(user=token.user, name__startswith="made-").count()
+
+
+def test_a_5xx_rolls_back_what_the_view_wrote(token, rf):
+    calls: list[str] = []
+    middleware = IdempotencyMiddleware(writing_view(token, status=500, calls=calls))
+    assert middleware(keyed_request(rf, token, "k")).status_code == 500
+    assert made_tokens(token) == 0
+    assert not IdempotencyRecord.objects.exists()
+    assert middleware(keyed_request(rf, token, "k")).status_code == 500
+    assert calls == ["run", "run"]
+
+
+def test_a_stored_response_and_its_effect_are_kept_together(token, rf):
+    calls: list[str] = []
+    middleware = IdempotencyMiddleware(writing_view(token, status=201, calls=calls))
+    first = middleware(keyed_request(rf, token, "k"))
+    again = middleware(keyed_request(rf, token, "k"))
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again[REPLAYED_HEADER] == "true" and again.content == first.content
+    assert calls == ["run"] and made_tokens(token) == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.state, record.response_status) == (IdempotencyState.COMPLETED, 201)
+
+
+class HeldKey:
+    """A keyed request running in a thread of its own, its view stopped after its write until ``release()``:
+    the key is really in progress, its transaction open."""
+
+    def __init__(self, rf: RequestFactory, token: ApiToken, key: str, *, status: int, calls: list[str]) -> None:
+        self._hold = threading.Event()
+        self.response: HttpResponse | None = None
+        middleware = IdempotencyMiddleware(writing_view(token, status=status, calls=calls, hold=self._hold))
+        request = keyed_request(rf, token, key)
+
+        def run() -> None:
+            try:
+                self.response = middleware(request)
+            finally:
+                connection.close()
+
+        self._thread = threading.Thread(target=run)
+        self._thread.start()
+        wait_for(lambda: calls, what="the first request to run its view")
+
+    def release(self) -> None:
+        self._hold.set()
+        self._thread.join(timeout=30)
+
+
+@pytest.fixture
+def held(rf, token) -> Iterator[Callable[..., HeldKey]]:  # type: ignore[no-untyped-def]
+    started: list[HeldKey] = []
+
+    def hold(key: str, *, status: int = 201, calls: list[str]) -> HeldKey:
+        started.append(HeldKey(rf, token, key, status=status, calls=calls))
+        return started[-1]
+
+    yield hold
+    for h in started:
+        h.release()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_of_a_request_still_running_waits_on_its_lock_then_gets_409(token, rf, held, settings):
+    settings.IDEMPOTENCY_WAIT_S = 0.5
+    calls: list[str] = []
+    held("k", calls=calls)
+    duplicate = IdempotencyMiddleware(writing_view(token, status=201, calls=calls))
+    t0 = time.monotonic()
+    with CaptureQueriesContext(connection) as queries:
+        response = duplicate(keyed_request(rf, token, "k"))
+    elapsed = time.monotonic() - t0
+    error = json.loads(response.content)["error"]
+    assert response.status_code == 409
+    assert error["code"] == "idempotency_request_in_progress"
+    assert "still in progress" in error["message"]
+    assert calls == ["run"]
+    assert 0.4 < elapsed < 5
+    # It blocked on the lock: a handful of statements, not an INSERT every few milliseconds.
+    assert len(queries) <= 8, [q["sql"] for q in queries]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_replays_the_first_response_as_soon_as_it_is_committed(token, rf, held):
+    calls: list[str] = []
+    first = held("k", calls=calls)
+    threading.Timer(0.3, first.release).start()
+    response = IdempotencyMiddleware(writing_view(token, status=201, calls=calls))(keyed_request(rf, token, "k"))
+    assert response.status_code == 201
+    assert response[REPLAYED_HEADER] == "true"
+    assert first.response is not None and response.content == first.response.content
+    assert calls == ["run"] and made_tokens(token) == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_runs_the_request_itself_when_the_first_one_failed(token, rf, held):
+    calls: list[str] = []
+    first = held("k", status=503, calls=calls)
+    threading.Timer(0.3, first.release).start()
+    response = IdempotencyMiddleware(writing_view(token, status=201, calls=calls))(keyed_request(rf, token, "k"))
+    assert first.response is not None and first.response.status_code == 503
+    assert response.status_code == 201
+    assert REPLAYED_HEADER not in response
+    assert calls == ["run", "run"]
+    assert made_tokens(token) == 1  # the failed first request's write went with its rollback
 
 
 def test_an_expired_key_runs_again(token):

@@ -67,9 +67,12 @@ def report(launch: Launch, state: str, **fields: Any) -> schema.ContainerReport:
 REPO = Path(__file__).resolve().parents[2]
 # The worker is `celery -A controlplane worker ...`, with the test's broker and transport options set on the
 # app first: settings read the broker from REDIS_URL and keep a one-hour visibility timeout.
+# Both names of each setting: Celery before 5.7 reads the Django settings' CELERY_ name before the plain one.
 WORKER_MAIN = (
     "import json, sys; from controlplane.celery import app; "
-    "app.conf.broker_url = sys.argv[1]; app.conf.broker_transport_options = json.loads(sys.argv[2]); "
+    "url, options = sys.argv[1], json.loads(sys.argv[2]); "
+    "app.conf.update(broker_url=url, CELERY_BROKER_URL=url, "
+    "broker_transport_options=options, CELERY_BROKER_TRANSPORT_OPTIONS=options); "
     "app.worker_main(sys.argv[3:])"
 )
 REDIS_ARGS = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"]
@@ -108,9 +111,10 @@ class PrivateRedis:
     """A redis-server of the test's own on a fixed port: stopping it is a broker outage, and starting it
     again on the same port is the broker coming back (empty, as after a restart without persistence)."""
 
-    def __init__(self, *, log_path: Path) -> None:
+    def __init__(self, *, log_path: Path, args: list[str] | None = None) -> None:
         self.port = free_port()
         self.log_path = log_path
+        self.args = list(args or [])  # more redis-server options, e.g. persistence for tests/faults/
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -125,7 +129,7 @@ class PrivateRedis:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [*REDIS_ARGS, "--port", str(self.port)],
+                [*REDIS_ARGS, "--port", str(self.port), *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -154,7 +158,14 @@ class PrivateRedis:
 class CeleryWorker:
     """One real worker process on the private broker and the test's database."""
 
-    def __init__(self, *, broker_url: str, transport_options: dict[str, Any], log_path: Path) -> None:
+    def __init__(
+        self,
+        *,
+        broker_url: str,
+        transport_options: dict[str, Any],
+        log_path: Path,
+        worker_args: list[str] | None = None,
+    ) -> None:
         env = dict(os.environ)
         env.update(
             DATABASE_URL=database_url(),
@@ -166,7 +177,14 @@ class CeleryWorker:
         self.log_path = log_path
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", WORKER_MAIN, broker_url, json.dumps(transport_options), *WORKER_ARGS],
+                [
+                    sys.executable,
+                    "-c",
+                    WORKER_MAIN,
+                    broker_url,
+                    json.dumps(transport_options),
+                    *(WORKER_ARGS if worker_args is None else worker_args),
+                ],
                 cwd=REPO,
                 env=env,
                 stdout=log,
@@ -219,10 +237,21 @@ def celery_broker(url: str, transport_options: dict[str, Any]) -> Iterator[None]
         # producer too, and every later test in this process would lose its pushes.
         pools.reset()
 
+    def configure(broker_url: Any, options: Any, eager: Any) -> None:
+        # Both names of each setting: Celery before 5.7 reads the Django settings' CELERY_ name first.
+        conf.update(
+            broker_url=broker_url,
+            CELERY_BROKER_URL=broker_url,
+            broker_transport_options=options,
+            CELERY_BROKER_TRANSPORT_OPTIONS=options,
+            task_always_eager=eager,
+            CELERY_TASK_ALWAYS_EAGER=eager,
+        )
+
     fresh_pools()
-    conf.broker_url, conf.broker_transport_options, conf.task_always_eager = url, transport_options, False
+    configure(url, transport_options, False)
     try:
         yield
     finally:
         fresh_pools()
-        conf.broker_url, conf.broker_transport_options, conf.task_always_eager = before
+        configure(*before)

@@ -65,9 +65,10 @@ wait_for = functools.partial(support.wait_for, timeout=20.0, interval=0.05)
 @pytest.fixture
 def eager_celery() -> Iterator[None]:
     before = celery_app.conf.task_always_eager
-    celery_app.conf.task_always_eager = True
+    # Both names: Celery before 5.7 reads the Django settings' CELERY_ name before the plain one.
+    celery_app.conf.update(task_always_eager=True, CELERY_TASK_ALWAYS_EAGER=True)
     yield
-    celery_app.conf.task_always_eager = before
+    celery_app.conf.update(task_always_eager=before, CELERY_TASK_ALWAYS_EAGER=before)
 
 
 @pytest.fixture

@@ -2,6 +2,10 @@
 reservation is interrupted and its rest requeued on another server's GPUs, launched there by a second agent.
 
 Same setting as test_end_to_end: real agents in threads talking HTTP to the live server, Celery eager.
+
+Fencing on the control plane's side, without agents: node loss requeues only after the agent's lease, the stop
+grace and the margin; a stop the agent reports as fenced interrupts and requeues at once, but only once the
+container is gone. tests/faults/test_partition.py runs the whole of it through a real partition.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from controlplane.dispatch import reports, services
+from controlplane.dispatch.choices import LaunchState
 from controlplane.dispatch.models import Launch, Requeue
 from controlplane.fleet import services as fleet
 from controlplane.inventory.choices import ServerState
@@ -31,8 +37,9 @@ from nodeagent.commands import CommandChannel
 from nodeagent.runtime.containers import LABEL_LAUNCH
 from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
+from tests.dispatch.support import book, report
 from tests.dispatch.test_end_to_end import book_now, containers, eager_celery, wait_for  # noqa: F401 - fixture
-from tests.reservations.fleet import project
+from tests.reservations.fleet import gpu_model, project, server
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
@@ -117,7 +124,11 @@ def agents(transactional_db, live_server, docker_client, tmp_path: Path, eager_c
             container.remove(force=True)
 
 
-@override_settings(DISPATCH_WARN_BEFORE_S=0, DISPATCH_STOP_GRACE_S=2)
+# A lease of 8 s (8 x 1 s) rather than 2 s: the restart must not be slower than the lease, or the restarted agent
+# rightly fences the container it adopts (test_agent_fencing's restart test shows that side).
+@override_settings(
+    DISPATCH_WARN_BEFORE_S=0, DISPATCH_STOP_GRACE_S=2, FLEET_OFFLINE_AFTER_INTERVALS=10, FLEET_FENCE_AFTER_INTERVALS=8
+)
 def test_agent_restarted_mid_window_adopts_its_container_and_the_reservation_completes(agents, docker_client):
     [node] = agents(1)
     r = book_now(project(), seconds=9, gpus=1)
@@ -170,3 +181,106 @@ def test_lost_server_interrupts_and_requeues_the_rest_of_the_window_on_another_s
     new_launch = Launch.objects.get(reservation=follow_up)
     assert moved.labels[LABEL_LAUNCH] == new_launch.launch_id
     assert new_launch.generation == 2
+
+
+# -- fencing on the control plane's side ----------------------------------------------------------------------
+
+FENCED = "fenced: no reply from the control plane for 10.0 s (lease 10 s)"
+DEFAULTS = {
+    "FLEET_OFFLINE_AFTER_INTERVALS": 3,
+    "FLEET_FENCE_AFTER_INTERVALS": 2,
+    "DISPATCH_STOP_GRACE_S": 30,
+    "FLEET_REQUEUE_MARGIN_S": 10.0,
+}
+
+
+def running_on_one_of_two_servers() -> tuple[Reservation, Launch]:
+    """A requeue-on-interrupt reservation of 2 GPUs running on one of two 2-GPU servers (5 s heartbeats)."""
+    h100 = gpu_model()
+    server(h100, gpus=2)
+    server(h100, gpus=2)
+    proj = project()
+    proj.requeue_on_interrupt = True
+    proj.save(update_fields=["requeue_on_interrupt"])
+    r = book(proj, h100, count=2, seconds=3600)
+    [launch] = services.reservation_open(reservation_id=r.pk)
+    started = timezone.now() - timedelta(seconds=30)
+    Server.objects.filter(pk=launch.server_id).update(last_heartbeat_at=started)
+    reports.containers_reported(
+        server=launch.server, now=started, reports=[report(launch, "running", started_at=started)]
+    )
+    r.refresh_from_db()
+    assert r.state == ReservationState.RUNNING
+    return r, Launch.objects.select_related("server").get(pk=launch.pk)
+
+
+@override_settings(**DEFAULTS)
+def test_node_loss_requeues_only_once_the_agent_has_had_its_lease_and_grace():
+    r, launch = running_on_one_of_two_servers()
+    last = timezone.now()
+    Server.objects.filter(pk=launch.server_id).update(last_heartbeat_at=last)
+
+    assert fleet.detect_lost_servers(now=last + timedelta(seconds=16)) == 1
+    assert Server.objects.get(pk=launch.server_id).state == ServerState.OFFLINE
+    # Offline, but its agent may still be stopping the container: nothing is started elsewhere yet.
+    assert Launch.objects.get(pk=launch.pk).state == LaunchState.RUNNING
+    assert Reservation.objects.get(pk=r.pk).state == ReservationState.RUNNING
+    assert fleet.detect_lost_servers(now=last + timedelta(seconds=49)) == 0
+    assert not Requeue.objects.exists()
+
+    assert fleet.detect_lost_servers(now=last + timedelta(seconds=51)) == 1
+    lost = Launch.objects.get(pk=launch.pk)
+    assert lost.state == LaunchState.LOST and lost.finished_at == last  # charged up to the last heartbeat
+    assert Reservation.objects.get(pk=r.pk).state == ReservationState.INTERRUPTED
+    follow_up = Requeue.objects.get(interrupted=r).follow_up
+    [moved] = Launch.objects.filter(reservation=follow_up)
+    assert moved.server_id != launch.server_id and moved.generation == 2
+    assert fleet.detect_lost_servers(now=last + timedelta(seconds=60)) == 0  # done once
+
+
+@override_settings(**DEFAULTS)
+def test_a_fenced_stop_reported_on_return_interrupts_and_requeues_at_once():
+    r, launch = running_on_one_of_two_servers()
+    now = timezone.now()
+    finished = now - timedelta(seconds=2)
+    fenced = report(launch, "stopping", started_at=launch.started_at, fenced=True, error=FENCED)
+    reports.containers_reported(server=launch.server, now=now, reports=[fenced])
+    # Still in its grace: not gone, so not started anywhere else yet.
+    assert Launch.objects.get(pk=launch.pk).state == LaunchState.STOPPING
+    assert Reservation.objects.get(pk=r.pk).state == ReservationState.RUNNING
+    assert not Requeue.objects.exists()
+
+    gone = report(
+        launch, "exited", started_at=launch.started_at, finished_at=finished, exit_code=137, fenced=True, error=FENCED
+    )
+    reports.containers_reported(server=launch.server, now=now, reports=[gone])
+    lost = Launch.objects.get(pk=launch.pk)
+    assert (lost.state, lost.error, lost.exit_code, lost.finished_at) == (LaunchState.LOST, FENCED, 137, finished)
+    r.refresh_from_db()
+    assert r.state == ReservationState.INTERRUPTED
+    interrupted = r.events.get(from_state=ReservationState.RUNNING, to_state=ReservationState.INTERRUPTED)
+    assert f"stopped the container itself ({FENCED})" in interrupted.reason
+    follow_up = Requeue.objects.get(interrupted=r).follow_up
+    # A new launch (generation 2), anywhere healthy: its old container is known to be gone, so this server,
+    # back and ready, may get it too; a new launch id, never the fenced one restarted.
+    [again] = Launch.objects.filter(reservation=follow_up)
+    assert again.generation == 2 and again.launch_id != launch.launch_id
+    # The same report again (the agent repeats it until the launch is forgotten) changes nothing.
+    reports.containers_reported(server=launch.server, now=now, reports=[gone])
+    assert Requeue.objects.count() == 1
+
+
+@override_settings(**DEFAULTS)
+def test_a_fenced_stop_reported_after_node_loss_only_fills_in_what_the_launch_lacked():
+    r, launch = running_on_one_of_two_servers()
+    last = timezone.now() - timedelta(seconds=60)
+    Server.objects.filter(pk=launch.server_id).update(last_heartbeat_at=last)
+    assert fleet.detect_lost_servers(now=timezone.now()) == 1
+    assert Requeue.objects.count() == 1
+
+    gone = report(launch, "exited", started_at=launch.started_at, finished_at=last, exit_code=137, fenced=True)
+    reports.containers_reported(server=launch.server, now=timezone.now(), reports=[gone])
+    lost = Launch.objects.get(pk=launch.pk)
+    assert lost.state == LaunchState.LOST and lost.exit_code == 137
+    assert "stopped sending heartbeats" in lost.error
+    assert Requeue.objects.count() == 1 and Reservation.objects.get(pk=r.pk).state == ReservationState.INTERRUPTED

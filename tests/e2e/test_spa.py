@@ -73,7 +73,8 @@ def test_api_paths_without_a_slash_still_redirect(dist: Path) -> None:
 @pytest.mark.django_db
 def test_admin_and_probes_are_not_swallowed(dist: Path) -> None:
     assert Client().get("/admin/login/").status_code == 200
-    assert INDEX not in Client().get("/healthz").content
+    for probe in ("/healthz", "/livez", "/readyz"):
+        assert INDEX not in Client().get(probe).content
 
 
 def test_writes_to_portal_paths_are_refused(dist: Path) -> None:

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import override_settings
 
-from controlplane.fleet import desired
+from controlplane.fleet import desired, fencing
 from controlplane.fleet.models import GpuTelemetryMinute
 from controlplane.fleet.services import detect_lost_servers, prune_telemetry
 from controlplane.fleet.tasks import detect_lost_servers as detect_task
@@ -19,13 +24,21 @@ from tests.fleet.helpers import T0, gpu_uuid, heartbeat, ingest, sample_fields, 
 pytestmark = pytest.mark.django_db
 
 
-@override_settings(FLEET_OFFLINE_AFTER_INTERVALS=3)
+# The defaults: 5 s heartbeats, offline after 3 intervals, a lease of 2, a 30 s stop grace and a 10 s margin.
+DEFAULTS = {
+    "FLEET_OFFLINE_AFTER_INTERVALS": 3,
+    "FLEET_FENCE_AFTER_INTERVALS": 2,
+    "DISPATCH_STOP_GRACE_S": 30,
+    "FLEET_REQUEUE_MARGIN_S": 10.0,
+}
+
+
+@override_settings(**DEFAULTS)
 def test_silent_server_goes_offline_and_returns_to_its_state(
     node: Any, operator: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = node[0]
-    lost: list[str] = []
-    monkeypatch.setattr(desired, "server_lost", lambda s, now: lost.append(s.hostname))
+    monkeypatch.setattr(desired, "server_lost", lambda s, now: 0)  # nothing runs on it
     ingest(server, heartbeat("node-a"), now=T0)
     server_set_state(server=server, to=ServerState.READY, actor=operator, reason="burn-in passed")
     server_set_state(server=server, to=ServerState.DRAINING, actor=operator, reason="kernel update")
@@ -33,10 +46,11 @@ def test_silent_server_goes_offline_and_returns_to_its_state(
     assert detect_lost_servers(T0 + timedelta(seconds=16)) == 1
     server.refresh_from_db()
     assert (server.state, server.state_before_offline) == (ServerState.OFFLINE, ServerState.DRAINING)
-    assert lost == ["node-a"]
     offline = ServerEvent.objects.filter(kind=EventKind.STATE, to_state=ServerState.OFFLINE).get()
     assert offline.actor_label == NODE_LOSS_ACTOR and "no heartbeat for 16 s" in offline.reason
-    assert detect_lost_servers(T0 + timedelta(seconds=60)) == 0  # already offline: idempotent
+    assert "requeued once it has been silent for 50 s" in offline.reason
+    assert offline.data["requeue_at"] == (T0 + timedelta(seconds=50)).isoformat()
+    assert detect_lost_servers(T0 + timedelta(seconds=60)) == 0  # already offline, and nothing to requeue
 
     reply = ingest(server, heartbeat("node-a", seq=2, start=T0 + timedelta(seconds=61)), now=T0 + timedelta(seconds=61))
     assert reply.server_state == ServerState.DRAINING
@@ -44,6 +58,86 @@ def test_silent_server_goes_offline_and_returns_to_its_state(
     assert (server.state, server.state_before_offline) == (ServerState.DRAINING, "")
     back = ServerEvent.objects.filter(kind=EventKind.STATE, from_state=ServerState.OFFLINE).get()
     assert back.to_state == ServerState.DRAINING and back.actor_label == "agent:node-a"
+
+
+@override_settings(**DEFAULTS)
+def test_launches_are_lost_only_after_the_lease_the_grace_and_the_margin(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = node[0]
+    lost: list[tuple[str, Any]] = []
+    monkeypatch.setattr(desired, "server_lost", lambda s, now: lost.append((s.hostname, now)) or 1)
+    ingest(server, heartbeat("node-a"), now=T0)
+    assert detect_lost_servers(T0 + timedelta(seconds=16)) == 1  # offline: nothing new goes there
+    assert lost == []  # but its agent may still be stopping its containers (lease 10 s + grace 30 s)
+    assert detect_lost_servers(T0 + timedelta(seconds=49)) == 0
+    assert lost == []
+    assert detect_lost_servers(T0 + timedelta(seconds=51)) == 1
+    assert lost == [("node-a", T0 + timedelta(seconds=51))]
+
+
+@override_settings(**DEFAULTS)
+def test_a_server_back_before_the_requeue_keeps_its_launches(node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = node[0]
+    lost: list[str] = []
+    monkeypatch.setattr(desired, "server_lost", lambda s, now: lost.append(s.hostname) or 1)
+    ingest(server, heartbeat("node-a"), now=T0)
+    assert detect_lost_servers(T0 + timedelta(seconds=16)) == 1
+    # Back 30 s in: its agent's own reports (running, or stopped by its fence) say what became of the launches.
+    ingest(server, heartbeat("node-a", seq=2, start=T0 + timedelta(seconds=30)), now=T0 + timedelta(seconds=30))
+    assert detect_lost_servers(T0 + timedelta(seconds=51)) == 1  # silent again: offline again, from 30 s on
+    assert detect_lost_servers(T0 + timedelta(seconds=79)) == 0
+    assert lost == []  # 50 s after the heartbeat that came back, not after the first one
+    assert detect_lost_servers(T0 + timedelta(seconds=81)) == 1 and lost == ["node-a"]
+
+
+def test_the_requeue_delay_covers_the_lease_and_the_grace_and_never_precedes_offline() -> None:
+    with override_settings(**DEFAULTS):
+        assert (fencing.lease_s(5.0), fencing.offline_after_s(5.0), fencing.requeue_after_s(5.0)) == (10, 15, 50)
+        assert fencing.requeue_after_s(20.0) == 40 + 30 + 10  # a server's own interval counts
+        assert fencing.requeue_after_s(60.0) == 180  # 120 + 30 + 10, but not before it is offline
+    with override_settings(**{**DEFAULTS, "DISPATCH_STOP_GRACE_S": 0, "FLEET_REQUEUE_MARGIN_S": 1.0}):
+        assert fencing.requeue_after_s(5.0) == 15  # 10 + 0 + 1, but not before it is offline
+
+
+@override_settings(**DEFAULTS)
+def test_the_reply_gives_a_lease_only_to_an_agent_that_fences(node: Any) -> None:
+    server = node[0]
+    body = heartbeat("node-a")
+    assert "fencing" not in body["node"]  # an agent from before fencing
+    reply = ingest(server, body, now=T0)
+    assert reply.lease_s is None and "lease_s" not in json.loads(reply.model_dump_json())
+    fencing_agent = heartbeat("node-a", seq=2, start=T0 + timedelta(seconds=5))
+    fencing_agent["node"]["fencing"] = True
+    reply = ingest(server, fencing_agent, now=T0 + timedelta(seconds=5))
+    assert reply.lease_s == 10.0 == 2 * reply.heartbeat_interval_s
+    Server.objects.filter(pk=server.pk).update(heartbeat_interval_s=30.0)
+    fencing_agent["seq"] = 3
+    assert ingest(server, fencing_agent, now=T0 + timedelta(seconds=10)).lease_s == 60.0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FLEET_FENCE_AFTER_INTERVALS": "3"}, "FLEET_FENCE_AFTER_INTERVALS (3) must be less than"),
+        ({"FLEET_OFFLINE_AFTER_INTERVALS": "2"}, "FLEET_FENCE_AFTER_INTERVALS (2) must be less than"),
+        ({"FLEET_REQUEUE_MARGIN_S": "0"}, "FLEET_REQUEUE_MARGIN_S must be at least 1.0"),
+    ],
+)
+def test_settings_that_would_let_a_requeue_overtake_the_fence_are_refused_at_start(
+    env: dict[str, str], message: str, tmp_path: Any
+) -> None:
+    # The settings module run in a fresh interpreter, as a web or worker process starts.
+    result = subprocess.run(
+        [sys.executable, "-c", "import controlplane.settings"],
+        env={**os.environ, "CONTROLPLANE_VAR_DIR": str(tmp_path), **env},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and message in result.stderr
 
 
 def test_per_server_interval_decides_loss(node: Any) -> None:

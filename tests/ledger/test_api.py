@@ -79,3 +79,23 @@ def test_quota_policy_read_by_members_and_set_by_operators(api_client, team):
     assert policy.max_concurrent_gpus == 4 and policy.updated_by == team["operator"]
     bad = api_client.patch(url, {"credits_per_period": "-3"}, format="json")
     assert bad.status_code == 400 and "credits_per_period" in bad.data["error"]["fields"]
+
+
+def test_balance_list_reads_all_totals_in_one_query(api_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    owner = UserFactory()
+    api_client.force_authenticate(owner)
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert api_client.get("/api/v1/ledger/balances/").status_code == 200
+        return len(captured)
+
+    project(owner=owner, grant="5")
+    one = queries()
+    for _ in range(4):
+        project(owner=owner, grant="5")
+    assert queries() == one
+    assert [row["balance"] for row in api_client.get("/api/v1/ledger/balances/").json()] == ["5.0000"] * 5

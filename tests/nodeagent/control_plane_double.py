@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,10 @@ class ControlPlaneDouble:
     heartbeat_interval_s: float = 5.0
     desired: list[dict[str, Any]] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    # The lease the reply gives an agent that says it fences; None plays a control plane without fencing.
+    lease_s: float | None = None
+    # Seconds every request waits before it is answered: a control plane (or a network) that does not answer.
+    hang_s: float = 0.0
     received: list[Received] = field(default_factory=list)
     accepted: list[dict[str, Any]] = field(default_factory=list)  # heartbeats answered 200
     script: deque[tuple[int, Any]] = field(default_factory=deque)
@@ -41,6 +46,8 @@ class ControlPlaneDouble:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if double.hang_s:
+                    time.sleep(double.hang_s)
                 double.received.append(Received(self.path, dict(self.headers), body))
                 status, reply = double.answer(self.path, self.headers, body)
                 if status == 200 and self.path.endswith("/heartbeat"):
@@ -93,7 +100,7 @@ class ControlPlaneDouble:
             if headers.get("Authorization") != f"Bearer {self.credential}":
                 return 401, {"error": {"code": "not_authenticated", "message": "unknown credential", "fields": {}}}
             schema.Heartbeat.model_validate(body)
-            return 200, {
+            reply = {
                 "schema_version": 1,
                 "server": body["node"]["hostname"],
                 "server_state": "ready",
@@ -101,6 +108,9 @@ class ControlPlaneDouble:
                 "desired": self.desired,
                 "stop": self.stop,
             }
+            if self.lease_s is not None and body["node"].get("fencing"):
+                reply["lease_s"] = self.lease_s
+            return 200, reply
         return 404, {"error": {"code": "not_found", "message": "no such endpoint", "fields": {}}}
 
     def accepted_samples(self) -> list[tuple[str, float]]:

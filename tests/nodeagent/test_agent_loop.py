@@ -29,6 +29,8 @@ class RecordingRuntime:
         self.calls: list[tuple[list[str], list[str], datetime]] = []
         self.running: dict[str, schema.DesiredContainer] = {}
         self.explode = explode
+        self.fences: list[tuple[datetime, str]] = []
+        self.unfences = 0
 
     def reconcile(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime) -> None:
         self.calls.append(([d.launch_id for d in desired], list(stop), now))
@@ -49,6 +51,15 @@ class RecordingRuntime:
 
     def busy_gpus(self) -> set[str]:
         return {u for d in self.running.values() for u in d.gpu_uuids}
+
+    def fence(self, now: datetime, reason: str) -> None:
+        self.fences.append((now, reason))
+
+    def unfence(self) -> None:
+        self.unfences += 1
+
+    def next_kill_at(self) -> datetime | None:
+        return None
 
 
 def make_agent(

@@ -72,9 +72,13 @@ def _variants(rng: random.Random, proj: Any) -> dict[str, Any]:
         "container": {
             "image": pick(["registry/x:1", " registry/x:1 ", "y" * 512], ["", "y" * 513, None, 3]),
             "command": pick(
-                [["python", "t.py"], [], [" keep "], [""]], [["a\x00"], ["\ud800"], "python", [1], ["x"] * 257]
+                [["python", "t.py"], [], [" keep "], [""], ["x" * 4096]],
+                [["a\x00"], ["\ud800"], "python", [1], ["x"] * 257, ["x" * 4097]],
             ),
-            "env": pick([{"A": "1"}, {}, {"A": ""}, {"A": " spaced "}], [{"A": 1}, ["A=1"], None, {"A": "\x00"}]),
+            "env": pick(
+                [{"A": "1"}, {}, {"A": ""}, {"A": " spaced "}, {"_a1": "1"}, {"A": "v" * 8192}],
+                [{"A": 1}, ["A=1"], None, {"A": "\x00"}, {"A=B": "1"}, {"": "1"}, {"1A": "1"}, {"A": "v" * 8193}],
+            ),
         },
     }
     for part in ("window", "container"):

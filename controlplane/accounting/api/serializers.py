@@ -1,16 +1,14 @@
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rest_framework import serializers
 
 from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy, Period
 from controlplane.accounting.models import MonthlyStatement, UsageRecord
 from controlplane.accounting.timeutil import is_on_the_hour, month_start, next_month, utc
-
-if TYPE_CHECKING:
-    from controlplane.accounts.models import Project
+from controlplane.accounts.models import Project
 
 MAX_RANGE = timedelta(days=400)
 
@@ -24,12 +22,15 @@ def _as_datetime(value: str, field: str) -> datetime:
         raise serializers.ValidationError({field: ["Give an ISO 8601 date or date-time on the hour."]}) from exc
 
 
+_SLUG_MAX = Project._meta.get_field("slug").max_length
+
+
 class RangeQuerySerializer(serializers.Serializer):
     """A range: ``start``/``end`` (dates or date-times on the hour, end exclusive) or ``period`` and ``date``.
     With neither, the current UTC month."""
 
-    start = serializers.CharField(required=False)
-    end = serializers.CharField(required=False)
+    start = serializers.CharField(required=False, max_length=64)
+    end = serializers.CharField(required=False, max_length=64)
     period = serializers.ChoiceField(choices=Period.choices, required=False)
     date = serializers.DateField(required=False)
 
@@ -62,7 +63,7 @@ class RangeQuerySerializer(serializers.Serializer):
 
 
 class ProjectReportQuerySerializer(RangeQuerySerializer):
-    project = serializers.CharField(help_text="Project slug.")
+    project = serializers.CharField(max_length=_SLUG_MAX, help_text="Project slug.")
     group_by = serializers.ChoiceField(choices=GroupBy.choices, default=GroupBy.USER)
 
 
@@ -71,7 +72,9 @@ class FleetReportQuerySerializer(RangeQuerySerializer):
 
 
 class TimeseriesQuerySerializer(RangeQuerySerializer):
-    project = serializers.CharField(required=False, help_text="Project slug; operators may leave it out.")
+    project = serializers.CharField(
+        required=False, max_length=_SLUG_MAX, help_text="Project slug; operators may leave it out."
+    )
     bucket = serializers.ChoiceField(choices=Bucket.choices, default=Bucket.DAY)
 
 

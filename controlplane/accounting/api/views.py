@@ -8,7 +8,6 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import BasePermission
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,18 +25,12 @@ from controlplane.accounting.api.serializers import (
     UsageRecordSerializer,
 )
 from controlplane.accounting.models import MonthlyStatement, UsageRecord
+from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import is_operator, projects_visible_to
 from controlplane.core.errors import PermissionDenied
 
 RENDERERS = [JSONRenderer, ReportCSVRenderer, BrowsableAPIRenderer]
-
-
-class IsOperator(BasePermission):
-    message = "Only operators may see the fleet's usage."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return is_operator(request.user)
 
 
 def _query(serializer_class: type, request: Request) -> dict[str, Any]:

@@ -5,8 +5,13 @@ from rest_framework import serializers
 
 from controlplane.accounts.choices import Role
 from controlplane.accounts.models import ApiToken, Membership, Project
+from controlplane.core.api.fields import SlugRelatedField
 
 User = get_user_model()
+# A project's description: free text, shown in the portal.
+DESCRIPTION_MAX = 2000
+# Longer than any password a person or a manager types; bounds the hashing work a login may ask for.
+PASSWORD_MAX = 1024
 
 
 class ProjectSerializer(serializers.ModelSerializer):
@@ -19,16 +24,16 @@ class ProjectSerializer(serializers.ModelSerializer):
 class ProjectCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120)
     slug = serializers.SlugField(max_length=80, required=False, allow_blank=True, default="")
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(max_length=DESCRIPTION_MAX, required=False, allow_blank=True, default="")
     requeue_on_interrupt = serializers.BooleanField(required=False, default=False)
-    owner = serializers.SlugRelatedField(
+    owner = SlugRelatedField(
         slug_field="username", queryset=User.objects.all(), help_text="Username of the project's first owner."
     )
 
 
 class ProjectUpdateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120, required=False)
-    description = serializers.CharField(required=False, allow_blank=True)
+    description = serializers.CharField(max_length=DESCRIPTION_MAX, required=False, allow_blank=True)
     requeue_on_interrupt = serializers.BooleanField(required=False)
 
 
@@ -43,7 +48,7 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 
 class MembershipAddSerializer(serializers.Serializer):
-    username = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.filter(is_active=True))
+    username = SlugRelatedField(slug_field="username", queryset=User.objects.filter(is_active=True))
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
 
@@ -99,8 +104,8 @@ class MeSerializer(serializers.Serializer):
 
 
 class LoginSerializer(serializers.Serializer):
-    username = serializers.CharField()
-    password = serializers.CharField(style={"input_type": "password"}, trim_whitespace=False)
+    username = serializers.CharField(max_length=User._meta.get_field("username").max_length)
+    password = serializers.CharField(max_length=PASSWORD_MAX, style={"input_type": "password"}, trim_whitespace=False)
 
 
 class CsrfSerializer(serializers.Serializer):

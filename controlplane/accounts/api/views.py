@@ -19,8 +19,9 @@ from rest_framework.views import APIView
 
 from controlplane.accounts import selectors, services
 from controlplane.accounts.api import serializers as s
+from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import ApiToken, Membership, Project
-from controlplane.core.errors import ValidationFailed
+from controlplane.core.errors import PermissionDenied, ValidationFailed
 
 User = get_user_model()
 
@@ -45,6 +46,12 @@ class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     queryset = Project.objects.all()
     filterset_fields = {"slug": ["exact"], "name": ["exact", "icontains"]}
 
+    def get_permissions(self) -> list[Any]:
+        # Checked before the body is read: a tenant's {"owner": "someone"} must not learn whether they exist.
+        if self.action == "create":
+            return [permissions.IsAuthenticated(), IsOperator()]
+        return list(super().get_permissions())
+
     def get_queryset(self) -> QuerySet[Project]:
         # Another tenant's project is simply not in the queryset: a 404, never a 403 that confirms it exists.
         return selectors.projects_visible_to(self.request.user)
@@ -56,6 +63,7 @@ class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     def update(self, request: Request, pk: str | None = None, partial: bool = False) -> Response:
         project = self.get_object()
+        _require_manager(request, project)
         data = _valid(s.ProjectUpdateSerializer, request, partial=partial)
         project = services.project_update(project=project, actor=request.user, **data)
         return Response(s.ProjectSerializer(project).data)
@@ -99,6 +107,8 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
 
     def create(self, request: Request, project_pk: str) -> Response:
         project = self.project()
+        # Before the body: a teammate must not learn from "no such user" which usernames exist.
+        _require_manager(request, project)
         data = _valid(s.MembershipAddSerializer, request)
         membership = services.membership_set(
             project=project, user=data["username"], role=data["role"], actor=request.user
@@ -106,6 +116,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
         return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, project_pk: str, username: str, partial: bool = False) -> Response:
+        _require_manager(request, self.project())
         membership = self.get_object()
         data = _valid(s.MembershipRoleSerializer, request)
         membership = services.membership_set(
@@ -117,6 +128,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
         return self.update(request, project_pk, username, partial=True)
 
     def destroy(self, request: Request, project_pk: str, username: str) -> Response:
+        _require_manager(request, self.project())
         membership = self.get_object()
         services.membership_remove(project=self.project(), user=membership.user, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -214,6 +226,12 @@ class LogoutView(APIView):
     def post(self, request: Request) -> Response:
         logout(request._request)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _require_manager(request: Request, project: Project) -> None:
+    """The role check, made before the body is validated; the service checks it again under its lock."""
+    if not selectors.can_manage(request.user, project):
+        raise PermissionDenied("Only an owner of this project or an operator may do this.")
 
 
 def _valid(serializer_class: type, request: Request, *, partial: bool = False) -> dict[str, Any]:

@@ -4,15 +4,24 @@
                "fields": {"spec.gpu_count": ["Ensure this value is greater than or equal to 1."]}}}
 
 ``message`` is a sentence a person understands; ``fields`` maps dotted field paths to their messages.
+
+Under /api/ nothing else is ever answered: DRF's errors go through ``exception_handler``; Django's own (a URL
+that matches nothing, a request it refuses before any view, a crash) through ``handler400`` ... ``handler500``
+(controlplane/urls.py) and ``csrf_failure`` (CSRF_FAILURE_VIEW); the pages Django writes itself under DEBUG,
+which bypass the handlers, are given this shape by ``ApiGuardMiddleware`` (controlplane/core/api/middleware.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse
+from django.views import csrf, defaults
 from rest_framework import exceptions, status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -61,9 +70,97 @@ def _summary(fields: dict[str, list[str]]) -> str:
     return "; ".join(parts) or "The request is not valid."
 
 
+API_PREFIX = "/api/"
+
+# What Django's own refusals are called in the shape, by status: (code, message).
+STATUS_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("bad_request", "The request is not valid."),
+    401: ("not_authenticated", "Authentication credentials were not provided."),
+    403: ("permission_denied", "You do not have permission to perform this action."),
+    404: ("not_found", "Not found."),
+    405: ("method_not_allowed", "This method is not allowed here."),
+    413: ("request_too_large", "The request is too large."),
+    500: ("server_error", "The server failed to answer; the failure is logged. Retry later."),
+}
+
+
+def is_api_path(path: str) -> bool:
+    return path.startswith(API_PREFIX)
+
+
+def error_response(body: dict[str, Any], status_code: int) -> HttpResponse:
+    """An error no DRF view answered, rendered as DRF renders its own: a 404 for a path that matches nothing
+    is byte for byte the 404 for an object that is not yours."""
+    return HttpResponse(JSONRenderer().render(body), status=status_code, content_type="application/json")
+
+
+def status_error(
+    status_code: int, message: str | None = None, fields: dict[str, list[str]] | None = None
+) -> HttpResponse:
+    """The shape for a refusal that no view wrote, by its HTTP status."""
+    default_code, default_message = STATUS_ERRORS.get(
+        status_code, ("server_error" if status_code >= 500 else "bad_request", "The request failed.")
+    )
+    return error_response(error_body(default_code, message or default_message, fields), status_code)
+
+
+def too_large_body(limit: int, setting: str = "API_MAX_REQUEST_BYTES") -> dict[str, Any]:
+    return error_body(
+        "request_too_large",
+        f"A request may be at most {limit} bytes ({setting}).",
+        {"body": [f"Larger than {limit} bytes."]},
+        {"limit_bytes": limit},
+    )
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if not is_api_path(request.path):
+        return defaults.bad_request(request, exception)  # type: ignore[arg-type]
+    if isinstance(exception, RequestDataTooBig):
+        return error_response(
+            too_large_body(int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0), "DATA_UPLOAD_MAX_MEMORY_SIZE"), 413
+        )
+    return status_error(400, str(exception) if isinstance(exception, SuspiciousOperation) else None)
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if not is_api_path(request.path):
+        return defaults.permission_denied(request, exception)  # type: ignore[arg-type]
+    return status_error(403)
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    # The same body as a DRF view's 404: an unknown path and an object that is not yours read alike.
+    if not is_api_path(request.path):
+        return defaults.page_not_found(request, exception)  # type: ignore[arg-type]
+    return status_error(404)
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    if not is_api_path(request.path):
+        return defaults.server_error(request)
+    return status_error(500)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """settings.CSRF_FAILURE_VIEW: the session login and the portal's writes read the reason in the shape."""
+    if not is_api_path(request.path):
+        return csrf.csrf_failure(request, reason)
+    return status_error(403, f"CSRF verification failed: {reason}", {"X-CSRFToken": [reason]})
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         return Response(error_body(exc.code, exc.message, exc.fields, exc.extra), status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):
+        # Django's own ceiling (DATA_UPLOAD_MAX_MEMORY_SIZE), for a body whose length was not declared.
+        limit = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
+        return Response(
+            too_large_body(limit, "DATA_UPLOAD_MAX_MEMORY_SIZE"), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+        )
+    if isinstance(exc, SuspiciousOperation):
+        # Too many form fields or files, a malformed multipart body: the request's fault, never a 500.
+        return Response(error_body("bad_request", str(exc)), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -4,14 +4,10 @@ from typing import Any
 
 from rest_framework import permissions
 
+from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.selectors import is_operator
 
-
-class IsOperator(permissions.BasePermission):
-    message = "Only operators may do this."
-
-    def has_permission(self, request: Any, view: Any) -> bool:
-        return is_operator(request.user)
+__all__ = ["IsOperator", "IsOperatorOrReadOnly"]
 
 
 class IsOperatorOrReadOnly(permissions.BasePermission):

@@ -6,7 +6,8 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.accounts.models import Project
-from controlplane.ledger.models import LedgerEntry, QuotaPolicy
+from controlplane.core.api.fields import SlugRelatedField
+from controlplane.ledger.models import CREDIT_LIMIT, LedgerEntry, QuotaPolicy
 from controlplane.reservations.models import Reservation
 
 
@@ -31,13 +32,17 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def _total(help_text: str = "") -> serializers.DecimalField:
+    # No max_digits: new entries keep every total within CREDIT_LIMIT, but a total written before there was
+    # a limit is shown as it is (a decimal string) instead of failing the whole answer.
+    return serializers.DecimalField(max_digits=None, decimal_places=4, help_text=help_text or None)
+
+
 class BalanceSerializer(serializers.Serializer):
     project = serializers.CharField()
-    balance = serializers.DecimalField(max_digits=16, decimal_places=4, help_text="The sum of all entries.")
-    held = serializers.DecimalField(
-        max_digits=16, decimal_places=4, help_text="Credits held for booked windows (already taken off the balance)."
-    )
-    by_kind = serializers.DictField(child=serializers.DecimalField(max_digits=16, decimal_places=4))
+    balance = _total("The sum of all entries.")
+    held = _total("Credits held for booked windows (already taken off the balance).")
+    by_kind = serializers.DictField(child=_total(), help_text="The sum of the entries of each kind.")
 
 
 class QuotaPolicySerializer(serializers.ModelSerializer):
@@ -59,14 +64,23 @@ class QuotaPolicySerializer(serializers.ModelSerializer):
         extra_kwargs = {"max_concurrent_gpus": {"min_value": 0}}
 
 
+def _amount(minimum: Decimal, help_text: str) -> serializers.DecimalField:
+    # The bounds are the ledger's (its services enforce them, with the project's totals); here they refuse
+    # a number outside them before anything is locked, and the help text puts the range in the API schema
+    # (which shows a decimal string's pattern, not its bounds).
+    return serializers.DecimalField(
+        max_digits=16, decimal_places=4, min_value=minimum, max_value=CREDIT_LIMIT, help_text=help_text
+    )
+
+
 class _OperatorMoveSerializer(serializers.Serializer):
-    project = serializers.SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
-    amount = serializers.DecimalField(max_digits=16, decimal_places=4)
+    project = SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
+    amount = _amount(-CREDIT_LIMIT, f"Credits, either sign, from -{CREDIT_LIMIT} to {CREDIT_LIMIT}.")
     reason = serializers.CharField(max_length=1000)
 
 
 class GrantSerializer(_OperatorMoveSerializer):
-    amount = serializers.DecimalField(max_digits=16, decimal_places=4, min_value=Decimal("0.0001"))
+    amount = _amount(Decimal("0.0001"), f"Credits, from 0.0001 to {CREDIT_LIMIT}.")
 
 
 class AdjustSerializer(_OperatorMoveSerializer):
@@ -77,7 +91,7 @@ class AdjustSerializer(_OperatorMoveSerializer):
 
 
 class RefundSerializer(GrantSerializer):
-    reservation = serializers.SlugRelatedField(slug_field="public_id", queryset=Reservation.objects.all())
+    reservation = SlugRelatedField(slug_field="public_id", queryset=Reservation.objects.all())
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["reservation"].project_id != attrs["project"].pk:

@@ -12,8 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import Project
-from controlplane.accounts.selectors import is_operator, projects_visible_to
+from controlplane.accounts.selectors import projects_visible_to
 from controlplane.ledger import services
 from controlplane.ledger.api.serializers import (
     AdjustSerializer,
@@ -25,14 +26,7 @@ from controlplane.ledger.api.serializers import (
 )
 from controlplane.ledger.filters import LedgerEntryFilter
 from controlplane.ledger.models import LedgerEntry, QuotaPolicy
-from controlplane.ledger.selectors import balances_by_kind
-
-
-class IsOperator(BasePermission):
-    message = "Only operators may do this."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return is_operator(request.user)
+from controlplane.ledger.selectors import LedgerTotals, ledger_totals, totals_for_projects
 
 
 class LedgerEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -48,11 +42,8 @@ class LedgerEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         )
 
 
-def _balance(project: Project) -> dict[str, Any]:
-    by_kind = balances_by_kind(project_id=project.pk)
-    balance = sum(by_kind.values())
-    held = -(by_kind["hold"] + by_kind["release"])
-    return {"project": project.slug, "balance": balance, "held": held, "by_kind": by_kind}
+def _balance(project: Project, totals: LedgerTotals) -> dict[str, Any]:
+    return {"project": project.slug, "balance": totals.balance, "held": totals.held, "by_kind": dict(totals.by_kind)}
 
 
 class BalanceViewSet(viewsets.ViewSet):
@@ -63,8 +54,9 @@ class BalanceViewSet(viewsets.ViewSet):
 
     @extend_schema(responses=BalanceSerializer(many=True))
     def list(self, request: Request) -> Response:
-        projects = projects_visible_to(request.user).order_by("slug")[:500]
-        return Response(BalanceSerializer([_balance(p) for p in projects], many=True).data)
+        projects = list(projects_visible_to(request.user).order_by("slug")[:500])
+        totals = totals_for_projects(p.pk for p in projects)
+        return Response(BalanceSerializer([_balance(p, totals[p.pk]) for p in projects], many=True).data)
 
     @extend_schema(
         responses=BalanceSerializer,
@@ -72,7 +64,7 @@ class BalanceViewSet(viewsets.ViewSet):
     )
     def retrieve(self, request: Request, slug: str) -> Response:
         project = get_object_or_404(projects_visible_to(request.user), slug=slug)
-        return Response(BalanceSerializer(_balance(project)).data)
+        return Response(BalanceSerializer(_balance(project, ledger_totals(project_id=project.pk))).data)
 
 
 class QuotaPolicyViewSet(

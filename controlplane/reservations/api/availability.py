@@ -14,8 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.accounts.selectors import projects_visible_to
+from controlplane.core.api.fields import SlugRelatedField
 from controlplane.inventory.choices import ServerState
-from controlplane.inventory.models import Gpu, GpuModel
+from controlplane.inventory.models import Gpu, GpuModel, Server
 from controlplane.reservations.api.fields import StartField
 from controlplane.reservations.api.serializers import SpecSerializer, spec_from
 from controlplane.reservations.models import Reservation
@@ -47,8 +48,12 @@ class EarliestQuerySerializer(SpecSerializer):
 class TimelineQuerySerializer(serializers.Serializer):
     start = StartField()
     end = serializers.DateTimeField()
-    server = serializers.CharField(required=False, help_text="Only this server (hostname).")
-    gpu_model = serializers.SlugRelatedField(slug_field="name", queryset=GpuModel.objects.all(), required=False)
+    server = serializers.CharField(
+        required=False,
+        max_length=Server._meta.get_field("hostname").max_length,
+        help_text="Only this server (hostname).",
+    )
+    gpu_model = SlugRelatedField(slug_field="name", queryset=GpuModel.objects.all(), required=False)
     limit = serializers.IntegerField(min_value=1, max_value=1000, default=200, help_text="GPUs per page.")
     offset = serializers.IntegerField(min_value=0, default=0)
 

@@ -8,30 +8,40 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from controlplane.accounts.models import Project
+from controlplane.core.api.fields import SlugRelatedField
 from controlplane.inventory.models import GpuModel
-from controlplane.reservations.api.fields import StartField, StrictStringField
+from controlplane.reservations.api.fields import ENV_NAME, EnvField, StartField, StrictStringField
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, Window
 
-# Bounds of a booking request, shared by the serializers and the hot path (booking_args) below.
+# Bounds of a booking request, shared by the serializers and the hot path (booking_args) below. The
+# container's are the agent's own (nodeagent/schema.py, DesiredContainer): a booking the agent would refuse
+# to run is refused here, at booking.
 _NAME_MAX = 120
 _IMAGE_MAX = 512
 _COMMAND_MAX = 256
+_ARG_MAX = 4096
+_ENV_MAX = 256
+_ENV_NAME_MAX = 256
+_ENV_VALUE_MAX = 8192
 _GPU_COUNT_MAX = 4096
 _WHOLE_SERVERS_MAX = 512
+# 16 TiB: far beyond any GPU's memory, and within the column's integer range.
+_MEMORY_MAX_MIB = 16 * 1024 * 1024
+_REASON_MAX = 1000
 
 
 class SpecSerializer(serializers.Serializer):
     """What to book: a GPU model or a minimum memory; a GPU count or a number of whole servers."""
 
-    gpu_model = serializers.SlugRelatedField(
+    gpu_model = SlugRelatedField(
         slug_field="name",
         queryset=GpuModel.objects.all(),
         required=False,
         allow_null=True,
         help_text="Catalog name, e.g. H100-80GB.",
     )
-    min_memory_mib = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    min_memory_mib = serializers.IntegerField(min_value=1, max_value=_MEMORY_MAX_MIB, required=False, allow_null=True)
     gpu_count = serializers.IntegerField(min_value=1, max_value=_GPU_COUNT_MAX, required=False, allow_null=True)
     whole_servers = serializers.IntegerField(min_value=1, max_value=_WHOLE_SERVERS_MAX, required=False, allow_null=True)
 
@@ -76,17 +86,21 @@ class WindowSerializer(serializers.Serializer):
 class ContainerSerializer(serializers.Serializer):
     image = serializers.CharField(max_length=_IMAGE_MAX)
     command = serializers.ListField(
-        child=StrictStringField(allow_blank=True, trim_whitespace=False),
+        child=StrictStringField(allow_blank=True, trim_whitespace=False, max_length=_ARG_MAX),
         required=False,
         default=list,
         max_length=_COMMAND_MAX,
     )
-    env = serializers.DictField(
-        child=StrictStringField(allow_blank=True, trim_whitespace=False), required=False, default=dict
+    env = EnvField(
+        child=StrictStringField(allow_blank=True, trim_whitespace=False, max_length=_ENV_VALUE_MAX),
+        max_items=_ENV_MAX,
+        name_max=_ENV_NAME_MAX,
+        required=False,
+        default=dict,
     )
 
 
-class ProjectSlugField(serializers.SlugRelatedField):
+class ProjectSlugField(SlugRelatedField):
     """A project by slug; ``known`` holds projects the view has already read, so they are not read twice."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -130,7 +144,7 @@ class ReservationCreateSerializer(serializers.Serializer):
 
 
 class ReservationReasonSerializer(serializers.Serializer):
-    reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+    reason = serializers.CharField(max_length=_REASON_MAX, required=False, allow_blank=True, default="")
 
 
 class ExtendSerializer(ReservationReasonSerializer):
@@ -220,8 +234,12 @@ def _clean_text(value: Any, max_length: int) -> str | None:
     return value
 
 
-def _strict_string(value: Any) -> bool:
-    return type(value) is str and "\x00" not in value and not _SURROGATES.search(value)
+def _strict_string(value: Any, max_length: int) -> bool:
+    return type(value) is str and len(value) <= max_length and "\x00" not in value and not _SURROGATES.search(value)
+
+
+def _env_name(value: Any) -> bool:
+    return type(value) is str and len(value) <= _ENV_NAME_MAX and ENV_NAME.fullmatch(value) is not None
 
 
 def _count(value: Any, maximum: int | None) -> tuple[bool, int | None]:
@@ -262,7 +280,7 @@ def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> di
     model_name = spec.get("gpu_model")
     if model_name is not None and (type(model_name) is not str or gpu_model_id is None):
         return None
-    memory_ok, memory = _count(spec.get("min_memory_mib"), None)
+    memory_ok, memory = _count(spec.get("min_memory_mib"), _MEMORY_MAX_MIB)
     count_ok, count = _count(spec.get("gpu_count"), _GPU_COUNT_MAX)
     whole_ok, whole = _count(spec.get("whole_servers"), _WHOLE_SERVERS_MAX)
     if not (memory_ok and count_ok and whole_ok):
@@ -274,9 +292,17 @@ def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> di
         return None
     command = container.get("command", [])
     env = container.get("env", {})
-    if type(command) is not list or len(command) > _COMMAND_MAX or not all(_strict_string(c) for c in command):
+    if (
+        type(command) is not list
+        or len(command) > _COMMAND_MAX
+        or not all(_strict_string(c, _ARG_MAX) for c in command)
+    ):
         return None
-    if type(env) is not dict or not all(type(k) is str and _strict_string(v) for k, v in env.items()):
+    if (
+        type(env) is not dict
+        or len(env) > _ENV_MAX
+        or not all(_env_name(k) and _strict_string(v, _ENV_VALUE_MAX) for k, v in env.items())
+    ):
         return None
     return {
         "project": project,

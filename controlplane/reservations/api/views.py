@@ -81,7 +81,11 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             )
             if target is None:
                 # Another tenant's project reads as absent, never as "forbidden": that would confirm it exists.
-                raise NotFound(f"No project {slug!r} among yours.", fields={"project": ["No such project."]})
+                # Nor does the answer repeat the slug: a missing and a foreign project get the same bytes.
+                raise NotFound("No such project among yours.", fields={"project": ["No such project."]})
+            # The role before the rest of the body: a viewer is refused whatever else the request holds.
+            if not (is_operator(request.user) or target.role in BOOKING_ROLES):
+                raise PermissionDenied("Booking needs the owner or member role in the project.")
             known[slug] = target.project
         args = booking_args(data, project=target.project, gpu_model_id=target.gpu_model_id) if target else None
         if args is None:
@@ -90,9 +94,6 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             serializer.fields["project"].known = known  # type: ignore[attr-defined]
             serializer.is_valid(raise_exception=True)
             args = serializer.to_domain()
-        role = target.role if target is not None else None
-        if not (is_operator(request.user) or role in BOOKING_ROLES):
-            raise PermissionDenied("Booking needs the owner or member role in the project.")
         reservation = services.reservation_create(actor=request.user, **args)
         # The service hands back the reservation with its allocations and events: no need to read it again.
         return Response(reservation_detail(reservation), status=status.HTTP_201_CREATED)

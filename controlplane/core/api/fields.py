@@ -1,0 +1,53 @@
+"""Serializer fields the API's apps share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from rest_framework import serializers
+
+
+class SlugRelatedField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """DRF's SlugRelatedField that reads only a string no longer than the model's column.
+
+    A value that could never match (a number, a list, 3 MB of text) is refused before the query, with the
+    same messages a CharField gives; the maximum is the slug column's own ``max_length``, so it is written once.
+    """
+
+    default_error_messages = {
+        **serializers.SlugRelatedField.default_error_messages,
+        "not_a_string": "Not a valid string.",
+        "max_length": "Ensure this field has no more than {max_length} characters.",
+    }
+
+    def max_length(self) -> int | None:
+        queryset = self.get_queryset()
+        if queryset is None:
+            return None
+        column = queryset.model._meta.get_field(self.slug_field)
+        # A text column's; a UUIDField's max_length (32) is its storage on some databases, not the text's.
+        return column.max_length if isinstance(column, models.CharField) else None
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        limit = self.max_length()
+        if limit is not None and len(data) > limit:
+            self.fail("max_length", max_length=limit)
+        return super().to_internal_value(data)
+
+
+class SlugRelatedFieldSchema(OpenApiSerializerFieldExtension):
+    """The OpenAPI schema shows the slug's maximum length, as it does a CharField's."""
+
+    target_class = SlugRelatedField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        limit = self.target.max_length()
+        if limit is not None and schema.get("type") == "string" and "format" not in schema:
+            schema["maxLength"] = limit
+        return schema

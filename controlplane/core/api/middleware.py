@@ -1,0 +1,73 @@
+"""What every request under /api/ passes first, and what every answer under /api/ looks like.
+
+Before anything reads the request (the idempotency middleware hashes the body, a view parses it):
+
+- a body declared larger than ``API_MAX_REQUEST_BYTES`` is a 413 ``request_too_large``, unread. The agent's
+  endpoints (/api/v1/agent/) keep their own limits (``FLEET_HEARTBEAT_MAX_BYTES`` for the heartbeat), which
+  their views enforce. Without a Content-Length, WSGI gives a view no body at all, so the declared length is
+  the whole story.
+- a path or a query parameter holding a NUL character is a 400 naming the parameter: PostgreSQL refuses NUL
+  in text, so a slug in the path or a ``?gpu_model=`` filter with one would fail in the database as a 500.
+
+After: an error page Django wrote itself (under DEBUG, or from a middleware) is answered in the API's one
+error shape instead, with its status; DRF's own responses are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from rest_framework.response import Response
+
+from controlplane.core.api.errors import error_body, error_response, is_api_path, status_error, too_large_body
+from controlplane.core.api.parsers import field_label, text_problem
+
+AGENT_PREFIX = "/api/v1/agent/"
+# Headers of an error page that still mean something on its JSON replacement.
+_KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate", "Vary")
+
+
+def declared_length(request: HttpRequest) -> int:
+    try:
+        return max(0, int(request.META.get("CONTENT_LENGTH") or 0))
+    except ValueError:
+        return 0
+
+
+def _refusal(request: HttpRequest) -> HttpResponse | None:
+    limit = int(settings.API_MAX_REQUEST_BYTES)
+    if declared_length(request) > limit and not request.path_info.startswith(AGENT_PREFIX):
+        return error_response(too_large_body(limit), 413)
+    problem = text_problem(request.path)
+    if problem:
+        return error_response(error_body("validation_error", f"path: {problem}", {"path": [problem]}), 400)
+    for key, values in request.GET.lists():
+        problem = text_problem(key) or next((p for p in map(text_problem, values) if p), None)
+        if problem:
+            name = field_label(key)
+            return error_response(error_body("validation_error", f"{name}: {problem}", {name: [problem]}), 400)
+    return None
+
+
+def _in_shape(response: HttpResponse) -> HttpResponse:
+    if response.status_code < 400 or isinstance(response, Response) or response.streaming:
+        return response
+    if response.get("Content-Type", "").startswith("application/json"):
+        return response
+    replacement = status_error(response.status_code)
+    for header in _KEPT_HEADERS:
+        if header in response:
+            replacement[header] = response[header]
+    return replacement
+
+
+class ApiGuardMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not is_api_path(request.path_info):
+            return self.get_response(request)
+        return _in_shape(_refusal(request) or self.get_response(request))
