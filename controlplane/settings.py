@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "controlplane.core",
     "controlplane.accounts",
+    "controlplane.access",
     "controlplane.inventory",
     "controlplane.fleet",
     "controlplane.ledger",

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpucp import __version__, auth, reservations, usage
+from gpucp import __version__, auth, keys, reservations, usage
 from gpucp.client import DEFAULT_TIMEOUT_S
 from gpucp.errors import EXIT_CODES_HELP, GpucpError
 from gpucp.state import State
@@ -63,6 +63,7 @@ for command in (
     reservations.extend,
     reservations.cancel,
     usage.usage,
+    keys.keys,
 ):
     cli.add_command(command)
 

@@ -522,3 +522,34 @@ ROWS.extend(
         row("POST", "/api/v1/agent/heartbeat/", body=_heartbeat, **NOBODY_BUT_THE_AGENT),
     ]
 )
+
+
+# --- SSH keys: personal, like tokens -----------------------------------------------------------------------
+def _ssh_key_refs(world: World) -> dict[str, object]:
+    from controlplane.access.services import ssh_key_create
+    from tests.access.keygen import ed25519_key, public_line
+
+    owner = world.users["owner"]
+    key = ssh_key_create(user=owner, name="spare", public_key=public_line(ed25519_key()), actor=owner)
+    return {"owner_key": key.pk}
+
+
+def _new_ssh_key(world: World) -> dict[str, Any]:
+    from tests.access.keygen import ed25519_key, public_line
+
+    return {"name": "matrix", "public_key": public_line(ed25519_key())}
+
+
+REF_BUILDERS.append(_ssh_key_refs)
+COVERED_URLCONFS.append("controlplane.access.api.urls")
+VISIBLE_TO["owner_key"] = frozenset({"owner"})
+MISSING["owner_key"] = 999_999
+SSH_KEY = "/api/v1/ssh-keys/{owner_key}/"
+ROWS.extend(
+    [
+        row("GET", "/api/v1/ssh-keys/", **ANY_USER),
+        row("POST", "/api/v1/ssh-keys/", body=_new_ssh_key, **ANY_USER_CREATE),
+        row("GET", SSH_KEY, **ONLY_ITS_USER),
+        row("DELETE", SSH_KEY, **dict(ONLY_ITS_USER, owner=204)),
+    ]
+)

@@ -17,6 +17,7 @@ const FleetPage = lazy(() => import("./pages/Fleet").then((m) => ({ default: m.F
 const JoinTokensPage = lazy(() => import("./pages/JoinTokens").then((m) => ({ default: m.JoinTokensPage })));
 const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ default: m.ReservationPage })));
 const TokensPage = lazy(() => import("./pages/Tokens").then((m) => ({ default: m.TokensPage })));
+const SshKeysPage = lazy(() => import("./pages/SshKeys").then((m) => ({ default: m.SshKeysPage })));
 const UsagePage = lazy(() => import("./pages/Usage").then((m) => ({ default: m.UsagePage })));
 
 const TENANT_LINKS = [
@@ -24,6 +25,7 @@ const TENANT_LINKS = [
   { to: "/availability", label: "Book GPUs" },
   { to: "/usage", label: "Usage" },
   { to: "/tokens", label: "API tokens" },
+  { to: "/ssh-keys", label: "SSH keys" },
 ];
 const OPERATOR_LINKS = [
   { to: "/fleet", label: "Fleet health" },
@@ -66,6 +68,7 @@ export function App() {
         <Route path="/reservations/:id" element={<ReservationPage />} />
         <Route path="/usage" element={<UsagePage />} />
         <Route path="/tokens" element={<TokensPage />} />
+        <Route path="/ssh-keys" element={<SshKeysPage />} />
         <Route path="/fleet" element={operator ? <FleetPage /> : <OperatorsOnly />} />
         <Route path="/join-tokens" element={operator ? <JoinTokensPage /> : <OperatorsOnly />} />
         <Route path="*" element={<NotFound />} />

@@ -4,6 +4,7 @@
 // Environment: PORTAL_URL, TENANT_USER/TENANT_PASSWORD, OPERATOR_USER/OPERATOR_PASSWORD, ARTIFACTS_DIR,
 // CHROMIUM (default /usr/bin/chromium), START_TIMEOUT_S (how long to wait for a booking to run).
 
+import { generateKeyPairSync } from "node:crypto";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
@@ -27,6 +28,17 @@ const steps = [];
 function step(name) {
   steps.push(name);
   console.log(`e2e | ${name}`);
+}
+
+/** A fresh ed25519 public key in OpenSSH's one-line form: the key type and the public bytes, each length-prefixed. */
+function sshPublicKey(comment) {
+  const raw = Buffer.from(generateKeyPairSync("ed25519").publicKey.export({ format: "jwk" }).x, "base64url");
+  const part = (bytes) => {
+    const length = Buffer.alloc(4);
+    length.writeUInt32BE(bytes.length);
+    return Buffer.concat([length, bytes]);
+  };
+  return `ssh-ed25519 ${Buffer.concat([part(Buffer.from("ssh-ed25519")), part(raw)]).toString("base64")} ${comment}`;
 }
 
 async function shot(page, name) {
@@ -196,6 +208,21 @@ async function main() {
     await shot(page, "08-tokens");
     await page.getByRole("button", { name: "Revoke token e2e script" }).first().click();
     await page.getByText("revoked").first().waitFor();
+
+    step("SSH keys: a private key refused, a public key added with its fingerprint, then deleted");
+    await page.getByRole("link", { name: "SSH keys" }).click();
+    await page.getByLabel("Name").fill("e2e laptop");
+    await page.getByLabel("Public key").fill("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----");
+    await page.getByRole("button", { name: "Add key" }).click();
+    await page.getByText("This is a private key").waitFor();
+    await page.getByLabel("Public key").fill(sshPublicKey("e2e@portal"));
+    await page.getByRole("button", { name: "Add key" }).click();
+    await page.getByTestId("added-key").waitFor();
+    await page.getByRole("cell", { name: /^SHA256:/ }).first().waitFor();
+    await shot(page, "08b-ssh-keys");
+    await page.getByRole("button", { name: "Delete key e2e laptop" }).click();
+    await page.getByRole("button", { name: "Delete key", exact: true }).click();
+    await page.getByText("You have no SSH keys.").waitFor();
 
     step("phone width still works");
     await page.setViewportSize({ width: 390, height: 844 });

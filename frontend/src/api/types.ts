@@ -246,3 +246,14 @@ export interface ReservationTelemetry {
   since: string;
   gpus: GpuTelemetry[];
 }
+
+export interface SshKey {
+  id: number;
+  name: string;
+  key_type: string;
+  bits: number;
+  fingerprint: string;
+  public_key: string;
+  comment: string;
+  created_at: string;
+}
