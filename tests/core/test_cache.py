@@ -86,13 +86,10 @@ def test_a_frozen_redis_costs_one_timeout_per_retry_interval_not_one_per_call() 
         started = time.monotonic()
         assert cache.get("k", "miss") == "miss"
         first = time.monotonic() - started
-        started = time.monotonic()
         for _ in range(50):
             assert cache.get("k", "miss") == "miss"
-        rest = time.monotonic() - started
-    assert TIMEOUT_S * 0.8 < first < TIMEOUT_S + 0.5, first
-    assert rest < 0.1, rest  # known down: not asked again within the retry interval
-    assert silent.connections == 1
+    assert first >= TIMEOUT_S * 0.8, first  # the first call did wait for the frozen server
+    assert silent.connections == 1  # known down: the other 50 were not asked within the retry interval
 
 
 def test_an_outage_skips_until_the_retry_interval_then_one_call_probes_and_ends_it(caplog: Any) -> None:
@@ -151,12 +148,10 @@ def test_publishes_to_a_frozen_broker_wait_once_then_fail_at_once() -> None:
             with pytest.raises(Exception) as first:
                 publish_once(prune_idempotency_records)
             first_s = time.monotonic() - started
-            started = time.monotonic()
+            # Known down: these are refused by the guard itself, without asking the frozen server.
             for _ in range(5):
                 with pytest.raises(BrokerUnavailable):
                     publish_once(prune_idempotency_records)
-            rest_s = time.monotonic() - started
     assert not isinstance(first.value, BrokerUnavailable)
-    assert first_s < TIMEOUT_S + 0.7, first_s
-    assert rest_s < 0.05, rest_s
+    assert first_s >= TIMEOUT_S * 0.8, first_s
     assert PUBLISH_ERRORS._value.get() == before + 6

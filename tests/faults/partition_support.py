@@ -8,7 +8,6 @@ import select
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -202,14 +201,3 @@ class Beat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=15)
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

@@ -39,8 +39,9 @@ from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 from nodeagent.runtime.containers import LABEL_LAUNCH, LABEL_NODE, parse_docker_time
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
 from tests.dispatch.test_end_to_end import eager_celery  # noqa: F401 - fixture
-from tests.faults.partition_support import Beat, ProxiedAgent, wait_for
+from tests.faults.partition_support import Beat, ProxiedAgent
 from tests.reservations.fleet import project
+from tests.runtime.support import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
