@@ -211,11 +211,14 @@ async function main() {
 
     step("SSH keys: a private key refused, a public key added with its fingerprint, then deleted");
     await page.getByRole("link", { name: "SSH keys" }).click();
-    await page.getByLabel("Name").fill("e2e laptop");
-    await page.getByLabel("Public key").fill("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----");
+    // The page loads lazily: until its form is there, "Name" is still the tokens page's field.
+    const keyForm = page.getByRole("form", { name: "New SSH key" });
+    await keyForm.waitFor();
+    await keyForm.getByLabel("Name").fill("e2e laptop");
+    await keyForm.getByLabel("Public key").fill("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----");
     await page.getByRole("button", { name: "Add key" }).click();
     await page.getByText("This is a private key").waitFor();
-    await page.getByLabel("Public key").fill(sshPublicKey("e2e@portal"));
+    await keyForm.getByLabel("Public key").fill(sshPublicKey("e2e@portal"));
     await page.getByRole("button", { name: "Add key" }).click();
     await page.getByTestId("added-key").waitFor();
     await page.getByRole("cell", { name: /^SHA256:/ }).first().waitFor();
