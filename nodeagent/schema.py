@@ -87,6 +87,16 @@ class ContainerRuntimeFacts(Strict):
     detail: ShortText | None = None
 
 
+class SshGatewayFacts(Strict):
+    """The node's SSH gateway (nodeagent.gateway): where tenants connect and the public half of its host key."""
+
+    port: Annotated[int, Field(ge=1, le=65535)]
+    # One OpenSSH public key line without a comment: "ssh-ed25519 AAAA...".
+    host_key: Annotated[str, Field(min_length=16, max_length=16384, pattern=r"^[a-z0-9@.-]+ [A-Za-z0-9+/=]+$")]
+    # The name or address clients reach the gateway at; None: the node's hostname.
+    address: Annotated[str, Field(min_length=1, max_length=253)] | None = None
+
+
 class NodeFacts(Strict):
     hostname: Annotated[str, Field(min_length=1, max_length=253)]
     agent_version: Annotated[str, Field(max_length=32)]
@@ -104,6 +114,10 @@ class NodeFacts(Strict):
     # The agent fences itself (stops its containers after a lease with no reply), so the control plane may give it
     # a lease. Left out of the JSON when false: an agent without fencing sends what it always sent.
     fencing: bool = Field(default=False, exclude_if=lambda value: not value)
+    # The SSH gateway, when this agent runs one. Left out of the JSON when None, like ``fencing``.
+    ssh: SshGatewayFacts | None = Field(default=None, exclude_if=lambda value: value is None)
+    # True when the operator gave this agent a volume root (NODEAGENT_VOLUME_ROOT): it can mount project volumes.
+    volumes: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 class GpuFacts(Strict):
@@ -159,13 +173,37 @@ class GpuSeries(Strict):
         return self
 
 
+SessionPhase = Literal["open", "close"]
+
+
+class SessionInfo(Strict):
+    """One SSH session of the gateway, opened or closed: who, with which key, from where, and when.
+
+    ``session_id`` is the gateway's own, unique per node; the control plane records each phase once, so a
+    resent event is not a second one."""
+
+    session_id: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    phase: SessionPhase
+    user: ShortText
+    fingerprint: ShortText
+    source: ShortText
+    started_at: datetime
+    ended_at: datetime | None = None
+    # What the session did: an interactive shell, a command, file transfer, port forwards.
+    kinds: list[Literal["shell", "exec", "sftp", "forward"]] = Field(default_factory=list, max_length=4)
+    # Why it closed ("client disconnected", "the window ended", ...); empty while open.
+    reason: Annotated[str, Field(max_length=500)] = ""
+
+
 class AgentEvent(Strict):
-    kind: Literal["xid", "gpu_lost", "container", "agent", "error"]
+    kind: Literal["xid", "gpu_lost", "container", "agent", "error", "session"]
     ts: datetime
     uuid: Uuid | None = None
     xid: Annotated[int, Field(ge=0, le=100000)] | None = None
     message: Annotated[str, Field(max_length=2000)] = ""
     reservation: Annotated[str, Field(max_length=64)] | None = None
+    # With kind "session": the SSH session. Left out of the JSON when None.
+    session: SessionInfo | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ContainerReport(Strict):
@@ -184,6 +222,22 @@ class ContainerReport(Strict):
     # Stopped by the agent's fence (no reply from the control plane for its lease), not by the control plane;
     # ``error`` says why. Left out of the JSON when false.
     fenced: bool = Field(default=False, exclude_if=lambda value: not value)
+
+
+VolumeName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+ProjectSlug = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+
+
+class VolumeUsage(Strict):
+    """How much a project volume holds, as the agent measured it under its volume root."""
+
+    project: ProjectSlug
+    name: VolumeName
+    used_bytes: Annotated[int, Field(ge=0)]
+    measured_at: datetime
+
+
+MAX_VOLUMES = 32
 
 
 class HeartbeatV1(Strict):
@@ -214,6 +268,10 @@ class Heartbeat(Strict):
     samples: list[GpuSeries] = Field(default_factory=list, max_length=MAX_SAMPLES)
     events: list[AgentEvent] = Field(default_factory=list, max_length=MAX_EVENTS)
     containers: list[ContainerReport] = Field(default_factory=list, max_length=MAX_CONTAINERS)
+    # Volumes measured since the last answered heartbeat. Left out of the JSON when empty.
+    volumes: list[VolumeUsage] = Field(
+        default_factory=list, max_length=MAX_CONTAINERS * MAX_VOLUMES, exclude_if=lambda value: not value
+    )
 
     @model_validator(mode="after")
     def _at_most_max_samples(self) -> Heartbeat:
@@ -294,6 +352,65 @@ def error_fields(exc: ValidationError) -> dict[str, list[str]]:
     return fields
 
 
+MAX_SSH_KEYS = 2000
+
+
+class AuthorizedKey(Strict):
+    """A key the gateway accepts for one reservation: a user of its project (owner or member) and their key."""
+
+    user: ShortText
+    # "ssh-ed25519 AAAA..." as the control plane stored it (type and base64 blob, no comment).
+    public_key: Annotated[str, Field(min_length=16, max_length=16384)]
+    fingerprint: ShortText
+
+
+# Container paths a mount may never cover or replace (docs/access.md, "Mount paths"), shared by the control
+# plane's booking check and the agent's own.
+FORBIDDEN_MOUNT_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                         "/run", "/sbin", "/sys", "/usr", "/var", "/run/gpucp")  # fmt: skip
+# Paths under which nothing may be mounted either (the kernel's and the agent's own).
+FORBIDDEN_MOUNT_TREES = ("/dev", "/proc", "/sys", "/run/gpucp")
+
+
+def mount_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a mount point in a container, or None when it can."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        return "Must be an absolute path, such as /workspace."
+    if len(path) > 4096 or "\x00" in path:
+        return "Must be at most 4096 characters, without NUL."
+    parts = path.split("/")[1:]
+    if path != "/" and (path.endswith("/") or any(part in ("", ".", "..") for part in parts)):
+        return "Must be a normalised path: no '.', '..', '//' or trailing '/'."
+    if path in FORBIDDEN_MOUNT_PATHS:
+        return f"{path} is the container's own and cannot be a mount point."
+    for tree in FORBIDDEN_MOUNT_TREES:
+        if path.startswith(tree + "/"):
+            return f"Nothing can be mounted under {tree}."
+    return None
+
+
+class VolumeMount(Strict):
+    """A project volume (``<root>/<project>/<name>``) or an operator's dataset (read-only), and where it goes."""
+
+    kind: Literal["volume", "dataset"]
+    name: VolumeName
+    # The volume's project; None for a dataset.
+    project: ProjectSlug | None = None
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    read_only: bool = False
+    # A volume's size limit: over it, the agent refuses to launch. None for a dataset.
+    limit_bytes: Annotated[int, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _valid_mount(self) -> VolumeMount:
+        problem = mount_path_problem(self.path)
+        if problem is not None:
+            raise PydanticCustomError("mount_path", "path: {problem}", {"problem": problem})
+        if (self.kind == "volume") != (self.project is not None):
+            raise PydanticCustomError("mount_project", "a volume names its project, a dataset does not", {})
+        return self
+
+
 class DesiredContainer(Strict):
     """What must run on this node now. ``launch_id`` is stable, so a redelivered launch is a no-op."""
 
@@ -310,6 +427,21 @@ class DesiredContainer(Strict):
     stop_grace_s: Annotated[int, Field(ge=0, le=3600)] = 30
     memory_limit_mib: Annotated[int, Field(ge=0)] | None = None
     pids_limit: Annotated[int, Field(ge=0)] | None = None
+    # The keys the gateway accepts for this reservation. The fields below are left out of the JSON at their
+    # defaults, so an agent that predates them reads a desired state that needs none of them.
+    ssh_keys: list[AuthorizedKey] = Field(
+        default_factory=list, max_length=MAX_SSH_KEYS, exclude_if=lambda value: not value
+    )
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=MAX_VOLUMES, exclude_if=lambda value: not value)
+    # "none": loopback only. "egress": the Docker network ``network_name`` the operator named for the project.
+    network: Literal["none", "egress"] = Field(default="none", exclude_if=lambda value: value == "none")
+    network_name: ShortText | None = Field(default=None, exclude_if=lambda value: value is None)
+
+    @model_validator(mode="after")
+    def _egress_names_its_network(self) -> DesiredContainer:
+        if self.network == "egress" and not self.network_name:
+            raise PydanticCustomError("network_name", "an egress container names its Docker network", {})
+        return self
 
 
 class HeartbeatReply(Strict):
@@ -338,3 +470,33 @@ class EnrollReply(Strict):
     server: ShortText
     credential: ShortText
     heartbeat_interval_s: Annotated[float, Field(gt=0)]
+
+
+# -- live logs (POST /api/v1/agent/logs/) ---------------------------------------------------------------------
+
+MAX_LOG_CHUNK_BYTES = 256 * 1024
+MAX_LOG_CHUNKS = 64
+
+
+class LogChunk(Strict):
+    """Bytes a container wrote (stdout and stderr interleaved as Docker keeps them), from ``offset`` of its
+    whole output. ``data`` is base64, so any byte reaches the control plane as written."""
+
+    launch_id: Annotated[str, Field(min_length=1, max_length=64)]
+    offset: Annotated[int, Field(ge=0)]
+    data: Annotated[str, Field(max_length=(MAX_LOG_CHUNK_BYTES * 4) // 3 + 4)]
+    # The container has exited and this chunk holds the last of its output.
+    eof: bool = False
+
+
+class LogBatch(Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    chunks: list[LogChunk] = Field(max_length=MAX_LOG_CHUNKS)
+
+
+class LogBatchReply(Strict):
+    """Per launch, the offset the control plane expects next: the agent resends from there, or skips ahead to
+    it (what it has is kept already). A launch it does not know (not this node's) is left out."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    next_offsets: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)

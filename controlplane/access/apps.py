@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class AccessConfig(AppConfig):
     name = "controlplane.access"
     label = "access"
+
+    def ready(self) -> None:
+        from controlplane.access import selectors, sessions
+        from controlplane.dispatch import hooks as dispatch_hooks
+        from controlplane.fleet import desired as fleet_hooks
+
+        dispatch_hooks.register_authorized_keys(selectors.authorized_keys_for_projects)
+        fleet_hooks.register_sessions_reported(sessions.sessions_reported)

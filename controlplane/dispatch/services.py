@@ -27,6 +27,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.core.broker import broker_guard
+from controlplane.dispatch import hooks
 from controlplane.dispatch.choices import LIVE_LAUNCH_STATES, LaunchState
 from controlplane.dispatch.models import Launch
 from controlplane.fleet.models import NodeCredential
@@ -209,7 +210,7 @@ def dispatch_reservation_changed(*, reservation: Reservation) -> None:
 # -- the desired state --------------------------------------------------------------------------------------
 
 
-def _desired_container(launch: Launch) -> schema.DesiredContainer:
+def _desired_container(launch: Launch, *, ssh_keys: list[schema.AuthorizedKey] | None = None) -> schema.DesiredContainer:
     reservation = launch.reservation
     return schema.DesiredContainer(
         launch_id=launch.launch_id,
@@ -223,6 +224,7 @@ def _desired_container(launch: Launch) -> schema.DesiredContainer:
         window_end=reservation.ends_at,
         warn_before_s=int(_setting("DISPATCH_WARN_BEFORE_S", 300)),
         stop_grace_s=int(_setting("DISPATCH_STOP_GRACE_S", 30)),
+        ssh_keys=ssh_keys or [],
     )
 
 
@@ -238,12 +240,17 @@ def node_desired_state(
         .select_related("reservation__project")
         .order_by("created_at", "id")
     )
+    running = []
     for launch in live:
         reservation = launch.reservation
         if reservation.state in RUN_STATES and now < reservation.ends_at:
-            desired.append(_desired_container(launch))
+            running.append(launch)
         else:
             stop.append(launch.launch_id)
+    # One read for the keys of every project running here (access registers the reader: dispatch.hooks).
+    keys = hooks.authorized_keys({launch.reservation.project_id for launch in running})
+    for launch in running:
+        desired.append(_desired_container(launch, ssh_keys=keys.get(launch.reservation.project_id)))
     return desired, stop
 
 

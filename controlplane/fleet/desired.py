@@ -5,12 +5,12 @@ They run inside the heartbeat's (or node-loss detection's) transaction, with the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from controlplane.inventory.models import Server
-from nodeagent.schema import ContainerReport, DesiredContainer
+from nodeagent.schema import AgentEvent, ContainerReport, DesiredContainer, VolumeUsage
 
 
 def desired_state_for(
@@ -44,3 +44,33 @@ def server_lost(server: Server, now: datetime) -> int:
     from controlplane.dispatch import recovery
 
     return recovery.server_lost(server=server, now=now)
+
+
+# -- hooks for apps above the fleet (filled in by their AppConfig.ready()) ---------------------------------
+
+SessionsReported = Callable[[Server, Sequence[AgentEvent], datetime], None]
+VolumesReported = Callable[[Server, Sequence[VolumeUsage], datetime], None]
+_sessions_reported: list[SessionsReported] = []
+_volumes_reported: list[VolumesReported] = []
+
+
+def register_sessions_reported(hook: SessionsReported) -> None:
+    if hook not in _sessions_reported:
+        _sessions_reported.append(hook)
+
+
+def register_volumes_reported(hook: VolumesReported) -> None:
+    if hook not in _volumes_reported:
+        _volumes_reported.append(hook)
+
+
+def sessions_reported(server: Server, events: Sequence[AgentEvent], now: datetime) -> None:
+    """The gateway's SSH sessions that opened or closed (events of kind "session"), for the access app."""
+    for hook in _sessions_reported:
+        hook(server, events, now)
+
+
+def volumes_reported(server: Server, usages: Sequence[VolumeUsage], now: datetime) -> None:
+    """Project volumes the agent measured, for the access app."""
+    for hook in _volumes_reported:
+        hook(server, usages, now)

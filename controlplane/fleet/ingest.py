@@ -369,6 +369,12 @@ def _ingest(
     if events:
         ServerEvent.objects.bulk_create(events)
 
+    sessions = [event for event in heartbeat.events if event.kind == "session" and event.session is not None]
+    if sessions:
+        desired.sessions_reported(server, sessions, now)
+    usages = getattr(heartbeat, "volumes", None)
+    if usages:
+        desired.volumes_reported(server, usages, now)
     if heartbeat.containers:
         desired.containers_reported(server, heartbeat.containers, now)
         wanted, stop = desired.desired_state_for(server)
