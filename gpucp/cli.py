@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpucp import __version__, auth, keys, reservations, usage
+from gpucp import __version__, auth, keys, reservations, ssh, usage
 from gpucp.client import DEFAULT_TIMEOUT_S
 from gpucp.errors import EXIT_CODES_HELP, GpucpError
 from gpucp.state import State
@@ -62,6 +62,7 @@ for command in (
     reservations.show,
     reservations.extend,
     reservations.cancel,
+    ssh.ssh,
     usage.usage,
     keys.keys,
 ):

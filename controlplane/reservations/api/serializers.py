@@ -5,11 +5,13 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.accounts.models import Project
 from controlplane.core.api.fields import SlugRelatedField
 from controlplane.inventory.models import GpuModel
+from controlplane.reservations import hooks
 from controlplane.reservations.api.fields import ENV_NAME, EnvField, StartField, StrictStringField
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, Window
@@ -203,13 +205,35 @@ class ReservationEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class SshAccessSerializer(serializers.Serializer):
+    server = serializers.CharField()
+    host = serializers.CharField(help_text="The gateway's address, as its agent reports it.")
+    port = serializers.IntegerField()
+    user = serializers.CharField(help_text="The reservation's id: the gateway's user name for it.")
+    command = serializers.CharField(help_text="The exact ssh command.")
+    known_hosts = serializers.CharField(help_text="The gateway's host key as a known_hosts line.")
+
+
+class AccessSerializer(serializers.Serializer):
+    """How to reach a running reservation (docs/access.md, "Connect")."""
+
+    ready = serializers.BooleanField(help_text="True when SSH sessions are accepted now.")
+    message = serializers.CharField(help_text="Why not, when not ready; empty otherwise.")
+    ssh = SshAccessSerializer(many=True, help_text="One entry per server the reservation runs on.")
+
+
 class ReservationDetailSerializer(ReservationSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
     events = ReservationEventSerializer(many=True, read_only=True)
+    access = serializers.SerializerMethodField()
 
     class Meta(ReservationSerializer.Meta):
-        fields = [*ReservationSerializer.Meta.fields, "allocations", "events"]
+        fields = [*ReservationSerializer.Meta.fields, "allocations", "events", "access"]
         read_only_fields = fields
+
+    @extend_schema_field(AccessSerializer)
+    def get_access(self, reservation: Reservation) -> dict[str, Any]:
+        return hooks.access_for(reservation)
 
 
 # --- The booking's hot path ---------------------------------------------------------------------------------
@@ -369,4 +393,5 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
             }
             for e in reservation.events.all()
         ],
+        "access": hooks.access_for(reservation),
     }

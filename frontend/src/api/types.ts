@@ -96,9 +96,25 @@ export interface ReservationEvent {
   at: string;
 }
 
+export interface SshAccess {
+  server: string;
+  host: string;
+  port: number;
+  user: string;
+  command: string;
+  known_hosts: string;
+}
+
+export interface ReservationAccess {
+  ready: boolean;
+  message: string;
+  ssh: SshAccess[];
+}
+
 export interface ReservationDetail extends Reservation {
   allocations: Allocation[];
   events: ReservationEvent[];
+  access: ReservationAccess;
 }
 
 export type ServerState = "commissioning" | "ready" | "draining" | "maintenance" | "offline" | "retired";

@@ -22,11 +22,16 @@ import { Link, useParams } from "react-router";
 import { ApiError, api, isMissingEndpoint } from "../api/client";
 import type { ReservationDetail, ReservationTelemetry } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
+import { ConnectPanel } from "../components/ConnectPanel";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
 import { formatDateTime, formatRelative, fromLocalInput, shortUuid, toLocalInput } from "../lib/format";
 import { TELEMETRY_CHARTS, chartData, gpuLabel, rememberLatest, telemetrySince, type RecentSamples } from "../lib/telemetry";
 
 const POLL_MS = 3_000;
+
+function isSession(data: unknown): boolean {
+  return typeof data === "object" && data !== null && (data as { kind?: unknown }).kind === "ssh_session";
+}
 
 export function ReservationPage() {
   const { id } = useParams();
@@ -72,6 +77,8 @@ function ReservationView({ r }: { r: ReservationDetail }) {
         <Actions r={r} />
       </Group>
 
+      <ConnectPanel access={r.access} reservationId={r.id} />
+
       <Grid>
         <Grid.Col span={{ base: 12, md: 7 }}>
           <Card withBorder>
@@ -84,7 +91,7 @@ function ReservationView({ r }: { r: ReservationDetail }) {
             <Text fw={600} mb="xs">Events</Text>
             <MTimeline bulletSize={14} lineWidth={2} active={r.events.length}>
               {r.events.map((e, i) => (
-                <MTimeline.Item key={i} title={`${e.from_state || "new"} → ${e.to_state}`}>
+                <MTimeline.Item key={i} title={isSession(e.data) ? "SSH session" : `${e.from_state || "new"} → ${e.to_state}`}>
                   <Text size="xs" c="dimmed">
                     {formatDateTime(e.at)} · {e.actor_label || "system"}
                   </Text>
