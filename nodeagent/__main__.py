@@ -19,6 +19,7 @@ from nodeagent.backends.base import BackendUnavailable, GpuBackend
 from nodeagent.backends.simulated import SimulatedBackend, SimulatedSpecError
 from nodeagent.collectors import HostCollector
 from nodeagent.runtime.base import ContainerRuntime, NullRuntime
+from nodeagent.volumes import VolumeStore
 
 log = logging.getLogger("nodeagent")
 
@@ -93,6 +94,25 @@ def build_parser() -> argparse.ArgumentParser:
         "address is reported (NODEAGENT_LISTEN, default 127.0.0.1:0)",
     )
     run.add_argument(
+        "--volume-root",
+        metavar="DIR",
+        default=env("NODEAGENT_VOLUME_ROOT"),
+        help="where project volumes live, <DIR>/<project>/<volume>: shared storage (NFS, CephFS) mounted at the "
+        "same path on every server; without it, launches that mount volumes are refused (NODEAGENT_VOLUME_ROOT)",
+    )
+    run.add_argument(
+        "--dataset-root",
+        metavar="DIR",
+        default=env("NODEAGENT_DATASET_ROOT"),
+        help="where the operator's read-only datasets live (NODEAGENT_DATASET_ROOT, default <volume root>/.datasets)",
+    )
+    run.add_argument(
+        "--volume-measure-s",
+        type=float,
+        default=env("NODEAGENT_VOLUME_MEASURE_S") or 60.0,
+        help="seconds between measurements of the desired volumes' usage (NODEAGENT_VOLUME_MEASURE_S, default 60)",
+    )
+    run.add_argument(
         "--no-listen",
         action="store_true",
         help="no command listener: launches then wait for the next heartbeat instead of being pushed",
@@ -136,7 +156,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def make_runtime(
-    kind: str, *, state_dir: str, hostname: str, numa_cpus: dict[str, str], gpu_numa: Callable[[str], int | None]
+    kind: str,
+    *,
+    state_dir: str,
+    hostname: str,
+    numa_cpus: dict[str, str],
+    gpu_numa: Callable[[str], int | None],
+    volumes: VolumeStore | None = None,
 ) -> ContainerRuntime:
     if kind == "none":
         return NullRuntime()
@@ -145,7 +171,9 @@ def make_runtime(
     from nodeagent.runtime.docker import DockerRuntime
 
     try:
-        return DockerRuntime(state_dir=state_dir, node=hostname, numa_cpus=numa_cpus, gpu_numa=gpu_numa)
+        return DockerRuntime(
+            state_dir=state_dir, node=hostname, numa_cpus=numa_cpus, gpu_numa=gpu_numa, volumes=volumes
+        )
     except Exception as exc:  # docker.errors.DockerException and friends: say it plainly
         raise BackendUnavailable(f"cannot reach the Docker engine ({exc}); use --runtime none") from exc
 
@@ -172,20 +200,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     hostname = args.hostname or socket.gethostname()
     host = HostCollector(hostname=hostname)
     gpu_numa: dict[str, int | None] = {}
+    volumes: VolumeStore | None = None
     try:
         client = ControlPlaneClient(args.server)
+        # Only a container runtime mounts volumes; without one the node does not offer them.
+        if args.volume_root and args.runtime == "docker":
+            volumes = VolumeStore(
+                args.volume_root, dataset_root=args.dataset_root, measure_interval_s=args.volume_measure_s
+            )
         runtime = make_runtime(
             args.runtime,
             state_dir=args.state_dir,
             hostname=hostname,
             numa_cpus=host.collect().numa_cpus,
             gpu_numa=lambda uuid: gpu_numa.get(uuid),
+            volumes=volumes,
         )
         backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus)
     except (ValueError, BackendUnavailable) as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
     gpu_numa.update({g.uuid: g.numa_node for g in backend.discover()})
+    if volumes is not None:
+        volumes.start()
     # The listener only verifies against what the agent knows (its credential and server name), so it reads
     # them from the agent once that exists; until enrollment it answers 503.
     holder: dict[str, Agent] = {}
@@ -215,6 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             interval=args.interval,
             sample_interval=args.sample_interval,
             commands=channel,
+            volumes=volumes,
         )
         holder["agent"] = agent
         agent.run()
@@ -225,6 +263,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if channel is not None:
             channel.close()
+        if volumes is not None:
+            volumes.close()
     return 0
 
 

@@ -29,6 +29,7 @@ from nodeagent.client import Backoff, ControlPlaneClient, CredentialRevoked, Rej
 from nodeagent.collectors import EventCollector, GpuCollector, HostCollector
 from nodeagent.commands import CommandChannel, next_due
 from nodeagent.runtime.base import ContainerRuntime
+from nodeagent.volumes import VolumeStore
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class Agent:
         buffer: TelemetryBuffer | None = None,
         backoff: Backoff | None = None,
         commands: CommandChannel | None = None,
+        volumes: VolumeStore | None = None,
     ) -> None:
         self.client = client
         self.backend = backend
@@ -194,6 +196,8 @@ class Agent:
         # Pushed commands (see nodeagent.commands), the desired state last applied, and the monotonic time
         # of the next window start, warning or stop the runtime must act on between heartbeats.
         self.commands = commands
+        # The node's volume root, when it has one: its usage measurements ride on the heartbeats.
+        self.volumes = volumes
         self._desired: tuple[list[schema.DesiredContainer], list[str]] = ([], [])
         self._next_due: float | None = None
         # A runtime that creates and starts containers in the background pokes the loop when one finished,
@@ -332,6 +336,7 @@ class Agent:
             container_runtime=self.runtime.facts(),
             command_url=self.commands.url if self.commands is not None else None,
             fencing=True,
+            volumes=self.volumes is not None,
         )
 
     def _container_reports(self, now: datetime) -> list[schema.ContainerReport]:
@@ -350,6 +355,7 @@ class Agent:
         assert self.credential
         containers = self._container_reports(now)  # before take: it may add an event to the buffer
         batch = self.buffer.take(max_samples=self.max_batch_samples, now=now)
+        volumes = self.volumes.unsent() if self.volumes is not None else []
         self.seq += 1
         self.state.save_seq(self.seq)
         heartbeat = schema.Heartbeat(
@@ -360,6 +366,7 @@ class Agent:
             samples=schema.series_from_samples(batch.samples),
             events=batch.events,
             containers=containers,
+            volumes=volumes,
         )
         try:
             reply = self.client.heartbeat(
@@ -387,6 +394,7 @@ class Agent:
                     len(batch.events),
                 )
                 self.buffer.commit(batch)
+                self._volumes_sent(volumes)
             self._next_heartbeat = mono + self.interval
             return
         except Unreachable as exc:
@@ -406,6 +414,7 @@ class Agent:
             self._next_heartbeat = mono + delay
             return
         self.buffer.commit(batch)
+        self._volumes_sent(volumes)
         self.backoff.reset()
         self.last_reply = reply
         self.server_name, self.server_state = reply.server, reply.server_state
@@ -413,6 +422,11 @@ class Agent:
         self._next_heartbeat = mono + self.interval
         self._renew(reply.lease_s, now, mono)
         self._converge(reply.desired, reply.stop, now, reply_seq=self.seq)
+
+    def _volumes_sent(self, volumes: list[schema.VolumeUsage]) -> None:
+        # Only an answered heartbeat takes measurements off the queue; an unanswered one leaves them for the next.
+        if self.volumes is not None:
+            self.volumes.sent(volumes)
 
     # -- fencing --------------------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Literal
 import docker
 from docker.errors import DockerException
 from docker.models.containers import Container
+from docker.types import Mount
 from requests.exceptions import RequestException
 
 from nodeagent import schema
@@ -118,8 +120,10 @@ def create_args(
     default_pids_limit: int | None,
     cpuset: str | None,
     nvidia_runtime: bool,
+    mounts: Sequence[Mount] = (),
 ) -> dict[str, Any]:
-    """The ``containers.create`` arguments for a launch: its GPUs and nothing else, its labels, its limits."""
+    """The ``containers.create`` arguments for a launch: its GPUs and nothing else, its labels, its limits, its
+    volume and dataset mounts (checked by ``nodeagent.runtime.mounts``) and its ``network_mode``."""
     gpus = ",".join(spec.gpu_uuids)
     env = dict(spec.env)
     # Ours last: a tenant's env must not widen the GPUs it sees or fake its window.
@@ -153,6 +157,8 @@ def create_args(
         "network_mode": network_mode,
         "volumes": {str(mount_dir): {"bind": MOUNT_POINT, "mode": "ro"}},
     }
+    if mounts:
+        args["mounts"] = list(mounts)
     if memory:
         args["mem_limit"] = f"{memory}m"
     if pids:

@@ -52,6 +52,8 @@ from nodeagent.runtime.containers import (
     launch_report,
     safe_id,
 )
+from nodeagent.runtime.mounts import LaunchRefused, mounts_for, network_for
+from nodeagent.volumes import VolumeStore
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,9 @@ class DockerRuntime:
     ``node`` names this agent in the ``gpucp.node`` label, so several agents may share one engine (the
     demo's simulated fleet does) without touching each other's containers. ``gpu_numa`` maps a GPU uuid to
     its NUMA node and ``numa_cpus`` a NUMA node to its CPU list; with both known, the container is pinned
-    to those CPUs. ``nvidia_runtime`` None means: ask the engine.
+    to those CPUs. ``nvidia_runtime`` None means: ask the engine. ``volumes`` is the node's volume root
+    (None: launches that mount volumes or datasets are refused). ``network_mode`` is what a launch without
+    egress gets.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class DockerRuntime:
         clock: Callable[[], datetime] = _utcnow,
         prepare_ahead_s: float = PREPARE_AHEAD_S,
         workers: int = 4,
+        volumes: VolumeStore | None = None,
     ) -> None:
         self.client = client if client is not None else docker.from_env(timeout=30)
         self.node = node or socket.gethostname()
@@ -116,6 +121,7 @@ class DockerRuntime:
         self._gpu_numa = gpu_numa
         self.nvidia_runtime = detect_nvidia_runtime(self.client) if nvidia_runtime is None else nvidia_runtime
         self.network_mode = network_mode
+        self.volumes = volumes
         self.default_memory_limit_mib = default_memory_limit_mib
         self.default_pids_limit = default_pids_limit
         self.remove_after_reports = max(1, remove_after_reports)
@@ -159,6 +165,8 @@ class DockerRuntime:
         for launch in self._launches.values():
             if launch.launch_id not in wanted:
                 launch.desired = None
+        if self.volumes is not None:
+            self.volumes.track(wanted.values())
 
         for launch in list(self._launches.values()):
             if launch.launch_id in self._ops:
@@ -454,7 +462,12 @@ class DockerRuntime:
 
     def _op_create(self, spec: schema.DesiredContainer, mount_dir: Path, start: bool) -> _Outcome:
         try:
-            container = self.client.containers.create(**self._create_args(spec, mount_dir))
+            # Here, in a worker: measuring a volume against its limit may walk network storage for a while.
+            args = self._create_args(spec, mount_dir)
+        except LaunchRefused as exc:
+            return _Outcome(failure=str(exc))
+        try:
+            container = self.client.containers.create(**args)
         except ImageNotFound:
             return _Outcome(failure=f"image not found: {spec.image}")
         except APIError as exc:
@@ -504,11 +517,12 @@ class DockerRuntime:
             spec,
             node=self.node,
             mount_dir=mount_dir,
-            network_mode=self.network_mode,
+            network_mode=network_for(spec, self.client, self.network_mode),
             default_memory_limit_mib=self.default_memory_limit_mib,
             default_pids_limit=self.default_pids_limit,
             cpuset=self.cpuset_for(spec.gpu_uuids),
             nvidia_runtime=self.nvidia_runtime,
+            mounts=mounts_for(spec, self.volumes),
         )
 
     def cpuset_for(self, gpu_uuids: Iterable[str]) -> str | None:

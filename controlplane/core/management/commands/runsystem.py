@@ -268,10 +268,15 @@ class Command(BaseCommand):
     def agent_argv(member: FleetMember, *, url: str, use_docker: bool) -> list[str]:
         state_dir = agent_state_dir(member)
         state_dir.mkdir(parents=True, exist_ok=True)
+        # One volume root for the whole simulated fleet, as shared storage is for real servers: a volume
+        # written by a job on one agent is read by the project's next job on another.
+        volume_root = Path(settings.VAR_DIR) / "volumes"
+        volume_root.mkdir(parents=True, exist_ok=True)
         return [
             sys.executable, "-m", "nodeagent", "run", "--server", url, "--simulate", member.spec,
             "--hostname", member.hostname, "--state-dir", str(state_dir),
             "--runtime", "docker" if use_docker else "none",
+            "--volume-root", str(volume_root),
         ]  # fmt: skip
 
     # --- running ----------------------------------------------------------------------------------------
