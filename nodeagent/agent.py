@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import nodeagent
 from nodeagent import schema
@@ -30,6 +31,9 @@ from nodeagent.collectors import EventCollector, GpuCollector, HostCollector
 from nodeagent.commands import CommandChannel, next_due
 from nodeagent.runtime.base import ContainerRuntime
 from nodeagent.volumes import VolumeStore
+
+if TYPE_CHECKING:
+    from nodeagent.gateway import SshGateway
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +156,7 @@ class Agent:
         backoff: Backoff | None = None,
         commands: CommandChannel | None = None,
         volumes: VolumeStore | None = None,
+        gateway: SshGateway | None = None,
     ) -> None:
         self.client = client
         self.backend = backend
@@ -204,6 +209,11 @@ class Agent:
         # so a container created ahead of its window is started at once, not at the next heartbeat.
         self._poked = threading.Event()
         self._wakeup = threading.Event()
+        # The SSH gateway (nodeagent.gateway), told each desired state after the runtime converged to it. Its
+        # session events come from its own thread, so they wait in a queue until the loop moves them to the
+        # buffer (which only the loop thread touches).
+        self.gateway = gateway
+        self._posted: queue.SimpleQueue[schema.AgentEvent] = queue.SimpleQueue()
         set_waker = getattr(runtime, "set_waker", None)
         if set_waker is not None:
             set_waker(self._runtime_finished)
@@ -213,6 +223,7 @@ class Agent:
     def step(self) -> float:
         """Do what is due now; the seconds until something is due next."""
         mono, now = self.clock.monotonic(), self.clock.now()
+        self._drain_posted()
         if self.credential is None or mono < self._next_heartbeat:
             # With a heartbeat due, it goes first: a loop held up past the lease (a slow engine) asks the control
             # plane before it fences. If that heartbeat fails, the check after it fences, a request's time later.
@@ -277,6 +288,20 @@ class Agent:
         self._stop.set()
         self._wake()
 
+    def post_event(self, event: schema.AgentEvent) -> None:
+        """Queue an event for the next heartbeat; safe from any thread (the SSH gateway's ``on_session``)."""
+        self._posted.put(event)
+
+    def _drain_posted(self) -> None:
+        events = []
+        while True:
+            try:
+                events.append(self._posted.get_nowait())
+            except queue.Empty:
+                break
+        if events:
+            self.buffer.add_events(events)
+
     def _wake(self) -> None:
         self._wakeup.set()
         if self.commands is not None:
@@ -337,6 +362,7 @@ class Agent:
             command_url=self.commands.url if self.commands is not None else None,
             fencing=True,
             volumes=self.volumes is not None,
+            ssh=self.gateway.facts() if self.gateway is not None else None,
         )
 
     def _container_reports(self, now: datetime) -> list[schema.ContainerReport]:
@@ -510,6 +536,14 @@ class Agent:
         if self.commands is not None:
             desired, stop = self.commands.merge(desired, stop, reply_seq=reply_seq)
         self.apply_desired(desired, stop, now)
+        if self.gateway is not None:
+            try:
+                self.gateway.update(desired, stop, now)
+            except Exception as exc:  # the gateway keeps its last table; the next converge tries again
+                log.exception("updating the SSH gateway failed")
+                self.buffer.add_events(
+                    [schema.AgentEvent(kind="error", ts=now, message=f"updating the SSH gateway failed: {exc}"[:2000])]
+                )
         moments = [moment for moment in (next_due(desired, now), self._next_kill_at(now)) if moment is not None]
         due = min(moments, default=None)
         self._next_due = None if due is None else self.clock.monotonic() + max(0.0, (due - now).total_seconds())

@@ -277,6 +277,8 @@ class Command(BaseCommand):
             "--hostname", member.hostname, "--state-dir", str(state_dir),
             "--runtime", "docker" if use_docker else "none",
             "--volume-root", str(volume_root),
+            # The simulated fleet shares one host: each agent's SSH gateway takes a free loopback port.
+            *(["--ssh-listen", "127.0.0.1:0", "--ssh-address", "127.0.0.1"] if use_docker else ["--no-ssh"]),
         ]  # fmt: skip
 
     # --- running ----------------------------------------------------------------------------------------
