@@ -14,11 +14,15 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodeagent.backends.base import BackendUnavailable, GpuBackend
 from nodeagent.backends.simulated import SimulatedBackend, SimulatedSpecError
 from nodeagent.collectors import HostCollector
 from nodeagent.runtime.base import ContainerRuntime, NullRuntime
+
+if TYPE_CHECKING:
+    from nodeagent.logship import LogShipper
 from nodeagent.volumes import VolumeStore
 
 log = logging.getLogger("nodeagent")
@@ -117,21 +121,41 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no command listener: launches then wait for the next heartbeat instead of being pushed",
     )
+    run.add_argument(
+        "--no-live-logs",
+        action="store_true",
+        help="do not ship the containers' output as it comes (with --runtime docker it is shipped by default)",
+    )
+    run.add_argument(
+        "--ssh-listen",
+        metavar="HOST:PORT",
+        default=env("NODEAGENT_SSH_LISTEN") or "0.0.0.0:2222",
+        help="where the SSH gateway listens for tenants (ssh <reservation>@<node>); needs --runtime docker "
+        "(NODEAGENT_SSH_LISTEN, default 0.0.0.0:2222)",
+    )
+    run.add_argument(
+        "--ssh-address",
+        metavar="HOST",
+        default=env("NODEAGENT_SSH_ADDRESS"),
+        help="the name or address tenants connect to, as reported to the control plane (NODEAGENT_SSH_ADDRESS, "
+        "default the hostname)",
+    )
+    run.add_argument("--no-ssh", action="store_true", help="no SSH gateway")
     return parser
 
 
-def parse_listen(value: str) -> tuple[str, int]:
+def parse_listen(value: str, *, flag: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as a bind address; ValueError naming the problem otherwise."""
     host, sep, port = value.strip().rpartition(":")
     if not sep or not host:
-        raise ValueError(f"--listen must be HOST:PORT, got {value!r}")
+        raise ValueError(f"{flag} must be HOST:PORT, got {value!r}")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         number = int(port)
     except ValueError:
-        raise ValueError(f"--listen port must be a number, got {port!r}") from None
+        raise ValueError(f"{flag} port must be a number, got {port!r}") from None
     if not 0 <= number <= 65535:
-        raise ValueError(f"--listen port must be between 0 and 65535, got {number}")
+        raise ValueError(f"{flag} port must be between 0 and 65535, got {number}")
     return host, number
 
 
@@ -178,6 +202,21 @@ def make_runtime(
         raise BackendUnavailable(f"cannot reach the Docker engine ({exc}); use --runtime none") from exc
 
 
+def start_log_shipper(
+    args: argparse.Namespace, runtime: ContainerRuntime, node: str, credential: Callable[[], str | None]
+) -> LogShipper | None:
+    """Live logs (nodeagent.logship) for a Docker runtime, unless --no-live-logs; its own HTTP session."""
+    docker_client = getattr(runtime, "client", None)
+    if args.runtime != "docker" or args.no_live_logs or docker_client is None:
+        return None
+    from nodeagent.client import ControlPlaneClient
+    from nodeagent.logship import LogShipper
+
+    return LogShipper(
+        client=ControlPlaneClient(args.server), credential=credential, docker_client=docker_client, node=node
+    ).start()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from nodeagent.agent import Agent, AgentState, AgentStopped
     from nodeagent.client import ControlPlaneClient
@@ -194,6 +233,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_listen:
         try:
             bind = parse_listen(args.listen)
+        except ValueError as exc:
+            print(f"nodeagent: {exc}", file=sys.stderr)
+            return 2
+    ssh_bind: tuple[str, int] | None = None
+    if not args.no_ssh:
+        try:
+            ssh_bind = parse_listen(args.ssh_listen, flag="--ssh-listen")
         except ValueError as exc:
             print(f"nodeagent: {exc}", file=sys.stderr)
             return 2
@@ -241,6 +287,29 @@ def cmd_run(args: argparse.Namespace) -> int:
             backend.close()
             print(f"nodeagent: cannot listen for commands on {args.listen}: {exc}", file=sys.stderr)
             return 2
+    gateway = None
+    if ssh_bind is not None and args.runtime != "docker":
+        log.info("SSH gateway off: its sessions run in the reservation's container, which needs --runtime docker")
+    elif ssh_bind is not None:
+        from nodeagent.gateway import SshGateway
+
+        gateway = SshGateway(
+            state_dir=args.state_dir,
+            node=hostname,
+            bind=ssh_bind,
+            address=args.ssh_address or hostname,
+            # Nobody can log in before the agent's first converge, so the agent exists by the first event.
+            on_session=lambda event: holder["agent"].post_event(event) if holder else None,
+        )
+        try:
+            gateway.start()
+        except Exception as exc:  # a port in use, an unreadable host key, no Docker engine
+            backend.close()
+            if channel is not None:
+                channel.close()
+            print(f"nodeagent: cannot start the SSH gateway on {args.ssh_listen}: {exc}", file=sys.stderr)
+            return 2
+    shipper: LogShipper | None = None
     try:
         agent = Agent(
             client=client,
@@ -253,18 +322,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             sample_interval=args.sample_interval,
             commands=channel,
             volumes=volumes,
+            gateway=gateway,
         )
         holder["agent"] = agent
+        shipper = start_log_shipper(args, runtime, hostname, lambda: holder["agent"].credential)
         agent.run()
     except AgentStopped as exc:
         backend.close()
         print(f"nodeagent: {exc}", file=sys.stderr)
         return exc.exit_code
     finally:
+        if shipper is not None:
+            shipper.stop()
         if channel is not None:
             channel.close()
         if volumes is not None:
             volumes.close()
+        if gateway is not None:
+            gateway.close()
     return 0
 
 

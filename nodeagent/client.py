@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 ENROLL_PATH = "/api/v1/agent/enroll"
 HEARTBEAT_PATH = "/api/v1/agent/heartbeat"
+LOGS_PATH = "/api/v1/agent/logs/"
 
 Reply = TypeVar("Reply", bound=BaseModel)
 
@@ -87,6 +88,19 @@ class ControlPlaneClient:
             HEARTBEAT_PATH,
             heartbeat,
             schema.HeartbeatReply,
+            headers={"Authorization": f"Bearer {credential}"},
+            revocable=True,
+            timeout=timeout,
+        )
+
+    def post_logs(
+        self, credential: str, batch: schema.LogBatch, *, timeout: float | tuple[float, float] | None = None
+    ) -> schema.LogBatchReply:
+        """Container log chunks (see ``nodeagent.logship``); raises as ``heartbeat`` does."""
+        return self._post(
+            LOGS_PATH,
+            batch,
+            schema.LogBatchReply,
             headers={"Authorization": f"Bearer {credential}"},
             revocable=True,
             timeout=timeout,

@@ -71,3 +71,51 @@ class Requeue(models.Model):
 
     def __str__(self) -> str:
         return f"{self.interrupted_id} -> {self.follow_up_id}"
+
+
+class LaunchLog(models.Model):
+    """What a launch's container wrote (stdout and stderr as Docker interleaves them), as far as it reached us.
+
+    Offsets count bytes from the start of the container's whole output. ``received`` is the offset the agent
+    sends next; ``kept_from`` the first byte still stored: older output is dropped past
+    ``DISPATCH_LOG_KEEP_BYTES``, and bytes the agent itself dropped show as holes between chunks.
+    """
+
+    launch = models.OneToOneField(Launch, on_delete=models.CASCADE, primary_key=True, related_name="log")
+    received = models.BigIntegerField(default=0)
+    kept_from = models.BigIntegerField(default=0)
+    kept_bytes = models.BigIntegerField(default=0)
+    # The container exited and the agent sent everything it wrote.
+    eof = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kept_from__gte=0) & Q(kept_from__lte=models.F("received")), name="launch_log_kept_in_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"log of {self.launch_id}: {self.kept_from}..{self.received}"
+
+
+class LaunchLogChunk(models.Model):
+    """Bytes ``[offset, end)`` of a launch's output. Contiguous writes are merged into one row up to a size."""
+
+    log = models.ForeignKey(LaunchLog, on_delete=models.CASCADE, related_name="chunks")
+    offset = models.BigIntegerField()
+    end = models.BigIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        ordering = ["offset"]
+        constraints = [
+            models.UniqueConstraint(fields=["log", "offset"], name="launch_log_chunk_one_per_offset"),
+            models.CheckConstraint(
+                condition=Q(offset__gte=0) & Q(end__gt=models.F("offset")), name="launch_log_chunk_not_empty"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.log_id} [{self.offset}, {self.end})"

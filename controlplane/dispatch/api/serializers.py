@@ -33,3 +33,29 @@ class LaunchSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+
+class LogGapSerializer(serializers.Serializer):
+    offset = serializers.IntegerField(help_text="Where in the container's output the missing bytes start.")
+    bytes = serializers.IntegerField(help_text="How many bytes are missing there.")
+
+
+class LaunchLogSerializer(serializers.Serializer):
+    """One launch's output as kept: documentation of the logs answer, which the view builds itself."""
+
+    launch_id = serializers.CharField()
+    server = serializers.CharField()
+    generation = serializers.IntegerField()
+    state = serializers.CharField()
+    text = serializers.CharField(help_text="The output kept, decoded as UTF-8 (invalid bytes replaced).")
+    cut = serializers.IntegerField(help_text="Bytes of output dropped before `text` (older than what is kept).")
+    gaps = LogGapSerializer(many=True, help_text="Output missing inside `text` (dropped by the agent).")
+    next_offset = serializers.IntegerField(help_text="Bytes received so far: the offset where `text` ends.")
+    eof = serializers.BooleanField(help_text="The container exited and all its output arrived.")
+
+
+class ReservationLogsSerializer(serializers.Serializer):
+    reservation = serializers.UUIDField()
+    cursor = serializers.CharField(help_text="Give it as `?follow=1&after=` to follow from the end of this answer.")
+    finished = serializers.BooleanField(help_text="Every launch ended and all its output arrived.")
+    launches = LaunchLogSerializer(many=True)

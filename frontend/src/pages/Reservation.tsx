@@ -23,6 +23,7 @@ import { ApiError, api, isMissingEndpoint } from "../api/client";
 import type { ReservationDetail, ReservationTelemetry } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ConnectPanel } from "../components/ConnectPanel";
+import { LogPanel } from "../components/LogPanel";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
 import { formatDateTime, formatRelative, fromLocalInput, shortUuid, toLocalInput } from "../lib/format";
 import { TELEMETRY_CHARTS, chartData, gpuLabel, rememberLatest, telemetrySince, type RecentSamples } from "../lib/telemetry";
@@ -119,6 +120,8 @@ function ReservationView({ r }: { r: ReservationDetail }) {
         <Text fw={600} mb="xs">Container</Text>
         <Launches r={r} />
       </Card>
+
+      <LogPanel reservationId={r.id} />
     </Stack>
   );
 }
