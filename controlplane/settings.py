@@ -6,6 +6,7 @@ Celery broker under ``var/``. ``DATABASE_URL`` and ``REDIS_URL`` switch it to Po
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
@@ -203,6 +204,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ReservationStateEnum": "controlplane.reservations.choices.ReservationState",
         "ServerStateEnum": "controlplane.inventory.choices.ServerState",
+        "NetworkModeEnum": "controlplane.reservations.choices.NetworkMode",
+        "MountKindEnum": [("volume", "volume"), ("dataset", "dataset")],
     },
 }
 
@@ -266,7 +269,22 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "controlplane.accounting.tasks.generate_monthly_statements",
         "schedule": 3600.0,
     },
+    # Access: each volume's storage hours as they end, once per volume and hour.
+    "access-charge-volume-storage": {"task": "controlplane.access.tasks.charge_volume_storage", "schedule": 60.0},
 }
+
+# --- Access ---------------------------------------------------------------------------------------------
+# Credits per GiB-hour of a volume's size limit (docs/volumes.md, "Charges").
+ACCESS_VOLUME_CREDITS_PER_GIB_HOUR = env_str("ACCESS_VOLUME_CREDITS_PER_GIB_HOUR") or "0.001"
+try:
+    _rate: Decimal | None = Decimal(ACCESS_VOLUME_CREDITS_PER_GIB_HOUR)
+except ArithmeticError:
+    _rate = None
+if _rate is None or not _rate.is_finite() or _rate < 0:
+    raise ImproperlyConfigured(
+        f"ACCESS_VOLUME_CREDITS_PER_GIB_HOUR must be a decimal number of credits >= 0, "
+        f"not {ACCESS_VOLUME_CREDITS_PER_GIB_HOUR!r}"
+    )
 
 # --- Accounting -----------------------------------------------------------------------------------------
 # Minutes newer than this are not rolled up yet: their heartbeats may still be arriving.
@@ -293,6 +311,11 @@ DISPATCH_ETA_HORIZON_S = env_int("DISPATCH_ETA_HORIZON_S", 3000, minimum=0)
 DISPATCH_PUSH_TIMEOUT_S = env_float("DISPATCH_PUSH_TIMEOUT_S", 3.0, minimum=0.1)
 # An interrupted reservation with less than this left is not requeued.
 DISPATCH_REQUEUE_MIN_S = env_int("DISPATCH_REQUEUE_MIN_S", 5, minimum=0)
+# Live logs (docs/dispatch.md): the newest bytes kept per launch; older output is dropped, and the API says so.
+DISPATCH_LOG_KEEP_BYTES = env_int("DISPATCH_LOG_KEEP_BYTES", 1_048_576, minimum=1024)
+# A follow stream (Server-Sent Events) ends after this long and the client reconnects with its cursor: each
+# open stream holds one of the web server's threads.
+DISPATCH_LOG_FOLLOW_MAX_S = env_float("DISPATCH_LOG_FOLLOW_MAX_S", 300.0, minimum=1.0)
 
 # --- Fleet ----------------------------------------------------------------------------------------------
 # A server is offline once this many heartbeat intervals pass without one.

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpucp import __version__, auth, keys, reservations, ssh, usage
+from gpucp import __version__, auth, keys, logs, reservations, ssh, usage, volumes
 from gpucp.client import DEFAULT_TIMEOUT_S
 from gpucp.errors import EXIT_CODES_HELP, GpucpError
 from gpucp.state import State
@@ -62,9 +62,11 @@ for command in (
     reservations.show,
     reservations.extend,
     reservations.cancel,
+    logs.logs,
     ssh.ssh,
     usage.usage,
     keys.keys,
+    volumes.volumes,
 ):
     cli.add_command(command)
 

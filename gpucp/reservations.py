@@ -44,6 +44,28 @@ def _env(pairs: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
+VOLUME_PATH_DEFAULT = "/workspace"
+
+
+def _volume(value: str) -> dict[str, Any]:
+    """``NAME[:PATH][:ro]`` as a booking's mount; the path defaults to /workspace. The API judges the rest."""
+    name, *rest = value.split(":")
+    read_only = bool(rest) and rest[-1] == "ro"
+    if read_only:
+        rest.pop()
+    if not name or len(rest) > 1:
+        raise click.BadParameter(f"{value!r} is not NAME[:PATH][:ro].", param_hint="--volume")
+    return {"volume": name, "path": rest[0] if rest else VOLUME_PATH_DEFAULT, "read_only": read_only}
+
+
+def _dataset(value: str) -> dict[str, Any]:
+    """``NAME[:PATH]``; without a path the API mounts it at /datasets/NAME, always read-only."""
+    name, sep, where = value.partition(":")
+    if not name or (sep and not where):
+        raise click.BadParameter(f"{value!r} is not NAME[:PATH].", param_hint="--dataset")
+    return {"dataset": name, **({"path": where} if sep else {})}
+
+
 def _default_name(image: str) -> str:
     # registry.example/team/train:1 -> train
     return image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0] or "gpucp"
@@ -133,6 +155,26 @@ def gpus(state: State, models: tuple[str, ...], count: int, hours: float, within
 @click.option("--start", default="now", show_default=True, help='"now" or an ISO 8601 time (local zone if none given).')
 @click.option("--env", "-e", "env", multiple=True, metavar="KEY=VALUE", help="An environment variable; repeatable.")
 @click.option(
+    "--volume",
+    "volume_args",
+    multiple=True,
+    metavar="NAME[:PATH][:ro]",
+    help="Mount a volume of the project (default path /workspace; :ro read-only); repeatable.",
+)
+@click.option(
+    "--dataset",
+    "dataset_args",
+    multiple=True,
+    metavar="NAME[:PATH]",
+    help="Mount a dataset read-only (default path /datasets/NAME); repeatable.",
+)
+@click.option(
+    "--network",
+    type=click.Choice(["none", "egress"]),
+    default=None,
+    help="egress: reach the outside on the project's network, if an operator allowed it (default none).",
+)
+@click.option(
     "--idempotency-key",
     metavar="KEY",
     help="Sent with the booking (default: a fresh one). The same key and the same request book once: "
@@ -150,6 +192,9 @@ def book(
     name: str | None,
     start: str,
     env: tuple[str, ...],
+    volume_args: tuple[str, ...],
+    dataset_args: tuple[str, ...],
+    network: str | None,
     idempotency_key: str | None,
     command: tuple[str, ...],
 ) -> None:
@@ -163,13 +208,21 @@ def book(
     """
     sent_start, start_at = _start(start)
     variables = _env(env)
+    mounts = [*(_volume(v) for v in volume_args), *(_dataset(d) for d in dataset_args)]
     api = state.api()
     body = {
         "project": default_project(api, project),
         "name": name or _default_name(image),
         "spec": {"gpu_model": model, "gpu_count": count},
         "window": {"start": sent_start, "end": _iso(start_at + timedelta(hours=hours))},
-        "container": {"image": image, "command": list(command), "env": variables},
+        "container": {
+            "image": image,
+            "command": list(command),
+            "env": variables,
+            # Sent only when asked for: a plain booking's body stays as it was.
+            **({"volumes": mounts} if mounts else {}),
+            **({"network": network} if network else {}),
+        },
     }
     # One key for every attempt of this booking: a retry after a lost answer replays it, never books twice.
     detail = api.post(path("reservations"), body, key=idempotency_key or str(uuid.uuid4()))

@@ -25,6 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
+from controlplane.access.datasets import dataset_create
+from controlplane.access.volumes import volume_create
 from controlplane.accounts.choices import Role
 from controlplane.fleet import services as fleet_services
 from controlplane.inventory.models import Gpu, GpuModel, Rack, Site
@@ -164,6 +166,8 @@ class World:
             "sites": site.pk,
             # A spare token of the owner's: revoking the one a client authenticates with would end the run.
             "tokens": ApiTokenFactory(user=owner, name="spare").pk,
+            "datasets": dataset_create(name="imagenet", allowed_projects=[self.project], actor=operator).name,
+            "volumes": volume_create(project=self.project, name="data", size_limit_gib=10, actor=owner).name,
         }
         done = services.reservation_create(
             project=self.project,
@@ -195,6 +199,8 @@ class World:
             if name == "slug":
                 return self.project.slug
             collection = path.removeprefix("/api/v1/").split("/", 1)[0]
+            if name == "name" and "/volumes/" in path:
+                collection = "volumes"
             assert collection in self.ids, f"{path}: give World an object for /{collection}/ to fuzz it with"
             return str(self.ids[collection])
 

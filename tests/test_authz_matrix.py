@@ -553,3 +553,37 @@ ROWS.extend(
         row("DELETE", SSH_KEY, **dict(ONLY_ITS_USER, owner=204)),
     ]
 )
+
+
+# --- Volumes, datasets and egress networks (docs/volumes.md) ------------------------------------------------
+def _volume_refs(world: World) -> dict[str, object]:
+    from controlplane.access.datasets import dataset_create
+    from controlplane.access.volumes import volume_create
+
+    volume_create(project=world.project, name="data", size_limit_gib=10, actor=world.users["owner"])
+    dataset_create(name="imagenet", allowed_projects=[world.project], actor=world.users["operator"])
+    return {"project_slug": world.project.slug, "volume": "data", "dataset": "imagenet"}
+
+
+REF_BUILDERS.append(_volume_refs)
+VISIBLE_TO.update({"volume": MEMBERS_OF_ATLAS, "dataset": MEMBERS_OF_ATLAS})
+MISSING.update({"volume": "no-such-volume", "dataset": "no-such-dataset"})
+VOLUMES = "/api/v1/projects/{project_slug}/volumes/"
+DATASET = "/api/v1/datasets/{dataset}/"
+ROWS.extend(
+    [
+        row("GET", VOLUMES, **MEMBERS_READ),
+        row("POST", VOLUMES, body={"name": "matrix", "size_limit_gib": 1}, **BOOKERS_CREATE),
+        row("GET", VOLUMES + "{volume}/", **MEMBERS_READ),
+        row("PATCH", VOLUMES + "{volume}/", body={"size_limit_gib": 2}, **BOOKERS_WRITE),
+        row("DELETE", VOLUMES + "{volume}/", **dict(BOOKERS_WRITE, owner=204, teammate=204, operator=204)),
+        row("GET", "/api/v1/datasets/", **ANY_USER),
+        row("POST", "/api/v1/datasets/", body={"name": "matrix", "allowed_projects": ["atlas"]}, **OPERATORS_CREATE),
+        row("GET", DATASET, **MEMBERS_READ),
+        row("PATCH", DATASET, body={"description": "changed"}, **OPERATORS_WRITE),
+        row("DELETE", DATASET, **OPERATORS_DELETE),
+        row("GET", "/api/v1/projects/{project_slug}/egress/", **MEMBERS_READ),
+        row("PUT", "/api/v1/projects/{project_slug}/egress/", body={"network_name": "atlas-egress"}, **OPERATORS_WRITE),
+        row("DELETE", "/api/v1/projects/{project_slug}/egress/", **OPERATORS_DELETE),
+    ]
+)

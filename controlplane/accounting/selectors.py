@@ -16,7 +16,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import F, FloatField, QuerySet, Sum
+from django.db.models import F, FloatField, IntegerField, QuerySet, Sum
+from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncDay, TruncHour
 
 from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy
@@ -26,6 +27,7 @@ from controlplane.accounts.selectors import projects_visible_to
 from controlplane.inventory.models import GpuModel
 from controlplane.ledger.choices import EntryKind
 from controlplane.ledger.models import LedgerEntry
+from controlplane.ledger.services import STORAGE_DATA_KIND, hour_key_for
 from controlplane.reservations.models import Reservation
 
 ZERO = Decimal("0")
@@ -104,6 +106,27 @@ class ReportRow:
 
 
 @dataclass
+class StorageLine:
+    """Volumes' storage charged for the hours of a range (docs/volumes.md, "Charges"): GiB-hours of size
+    limit, the credits the ledger took, what it could not take (credits ran out), per volume when asked."""
+
+    gib_hours: int = 0
+    credits: Decimal = ZERO
+    uncharged: Decimal = ZERO
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": "storage",
+            "label": "Storage (volumes)",
+            "gib_hours": self.gib_hours,
+            "credits": self.credits.quantize(Decimal("0.0001")),
+            "uncharged": self.uncharged.quantize(Decimal("0.0001")),
+            "volumes": self.volumes,
+        }
+
+
+@dataclass
 class Report:
     start: datetime
     end: datetime
@@ -111,6 +134,7 @@ class Report:
     project: Project | None
     rows: list[ReportRow]
     total: ReportRow
+    storage: StorageLine = field(default_factory=StorageLine)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -120,7 +144,44 @@ class Report:
             "group_by": self.group_by,
             "rows": [row.as_dict() for row in self.rows],
             "totals": self.total.as_dict(),
+            "storage": self.storage.as_dict(),
+            # GPU credits (totals.credits) and storage credits together: what the range cost the project.
+            "total_credits": (self.total.credits + self.storage.credits).quantize(Decimal("0.0001")),
         }
+
+
+def storage_charges(*, start: datetime, end: datetime, project: Project | None = None) -> StorageLine:
+    """The storage charges of the hours in [start, end) (by the hour each pays for, not when it was written);
+    a project's split by volume. Two grouped queries on the ledger's (project, kind) index."""
+    qs = LedgerEntry.objects.filter(
+        kind=EntryKind.CHARGE,
+        reservation__isnull=True,
+        period_key__gte=hour_key_for(start),
+        period_key__lt=hour_key_for(end),
+        data__kind=STORAGE_DATA_KIND,
+    )
+    if project is not None:
+        qs = qs.filter(project=project)
+    line = StorageLine()
+    grouped = (
+        qs.annotate(volume=KT("data__volume"))
+        .values(*(["volume"] if project is not None else []))
+        .order_by()
+        .annotate(gib=Sum(Cast(KT("data__gib"), IntegerField())), amount=Sum("amount"))
+    )
+    for row in grouped:
+        gib, charged = int(row["gib"] or 0), -(row["amount"] or ZERO)
+        line.gib_hours += gib
+        line.credits += charged
+        if project is not None:
+            line.volumes.append(
+                {"volume": row["volume"], "gib_hours": gib, "credits": charged.quantize(Decimal("0.0001"))}
+            )
+    # Shortfalls are rare (credits ran out): read those entries alone.
+    for data in qs.filter(data__has_key="uncharged").values_list("data", flat=True):
+        line.uncharged += Decimal(str(data["uncharged"]))
+    line.volumes.sort(key=lambda v: str(v["volume"]))
+    return line
 
 
 def _group_expr(group_by: str) -> Any:
@@ -215,7 +276,8 @@ def project_report(*, project: Project, start: datetime, end: datetime, group_by
     slices = UsageSlice.objects.filter(project=project, hour__gte=start, hour__lt=end)
     hours = GpuUsageHour.objects.filter(project=project, hour__gte=start, hour__lt=end)
     rows, total = _finish(_aggregate(slices=slices, hours=hours, group_by=group_by), group_by)
-    return Report(start=start, end=end, group_by=group_by, project=project, rows=rows, total=total)
+    storage = storage_charges(start=start, end=end, project=project)
+    return Report(start=start, end=end, group_by=group_by, project=project, rows=rows, total=total, storage=storage)
 
 
 def fleet_report(*, start: datetime, end: datetime, group_by: str = FleetGroupBy.PROJECT) -> Report:
@@ -224,7 +286,8 @@ def fleet_report(*, start: datetime, end: datetime, group_by: str = FleetGroupBy
     slices = UsageSlice.objects.filter(hour__gte=start, hour__lt=end)
     hours = GpuUsageHour.objects.filter(hour__gte=start, hour__lt=end)
     rows, total = _finish(_aggregate(slices=slices, hours=hours, group_by=group_by), group_by)
-    return Report(start=start, end=end, group_by=group_by, project=None, rows=rows, total=total)
+    storage = storage_charges(start=start, end=end)
+    return Report(start=start, end=end, group_by=group_by, project=None, rows=rows, total=total, storage=storage)
 
 
 def timeseries(

@@ -17,14 +17,28 @@ from controlplane.accounting.models import GpuUsageHour, MonthlyStatement, Usage
 from controlplane.accounting.selectors import COLUMNS, Report, project_report
 from controlplane.accounting.timeutil import month_start, next_month
 from controlplane.accounts.models import Project
+from controlplane.ledger.choices import EntryKind
+from controlplane.ledger.models import LedgerEntry
+from controlplane.ledger.services import hour_key_for
 
 
-def report_csv(rows: Iterable[dict[str, Any]], total: dict[str, Any] | None = None) -> str:
-    """The report's rows (and its total line) as CSV, in the columns of ``COLUMNS``."""
+def report_csv(
+    rows: Iterable[dict[str, Any]],
+    total: dict[str, Any] | None = None,
+    storage: dict[str, Any] | None = None,
+    total_credits: Any = None,
+) -> str:
+    """The report's rows (and its total line) as CSV, in the columns of ``COLUMNS``; after them, when the range
+    had storage charges, a line for the volumes' storage and one for the credits of both."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
-    for row in [*rows, *([total] if total else [])]:
+    extra = []
+    if storage is not None and storage["gib_hours"]:
+        label = f"Storage ({storage['gib_hours']} GiB-hours)"
+        extra.append({"key": "storage", "label": label, "credits": storage["credits"]})
+        extra.append({"key": "total_with_storage", "label": "Total with storage", "credits": total_credits})
+    for row in [*rows, *([total] if total else []), *extra]:
         values = []
         for name in COLUMNS:
             value = row.get(name)
@@ -68,8 +82,8 @@ def statement_generate(*, project: Project, month: datetime) -> MonthlyStatement
                 period_start=start,
                 period_end=next_month(start),
                 rows=data["rows"],
-                totals=data["totals"],
-                csv=report_csv(data["rows"], data["totals"]),
+                totals={**data["totals"], "storage": data["storage"], "total_credits": data["total_credits"]},
+                csv=report_csv(data["rows"], data["totals"], data["storage"], data["total_credits"]),
                 generated_at=timezone.now(),
             )
     except IntegrityError:  # a concurrent run generated it first
@@ -84,8 +98,17 @@ def statements_generate_due(*, now: datetime | None = None, limit: int = 50) -> 
     key = start.strftime("%Y-%m")
     used = Exists(UsageSlice.objects.filter(project=OuterRef("pk"), hour__gte=start, hour__lt=end))
     telemetry = Exists(GpuUsageHour.objects.filter(project=OuterRef("pk"), hour__gte=start, hour__lt=end))
+    stored = Exists(
+        LedgerEntry.objects.filter(
+            project=OuterRef("pk"),
+            kind=EntryKind.CHARGE,
+            reservation__isnull=True,
+            period_key__gte=hour_key_for(start),
+            period_key__lt=hour_key_for(end),
+        )
+    )
     done_already = Exists(MonthlyStatement.objects.filter(project=OuterRef("pk"), period_key=key))
-    due = Project.objects.filter(used | telemetry).filter(~done_already).order_by("pk")[:limit]
+    due = Project.objects.filter(used | telemetry | stored).filter(~done_already).order_by("pk")[:limit]
     count = 0
     for project in due:
         statement_generate(project=project, month=start)

@@ -21,7 +21,7 @@ from controlplane.inventory.models import Server
 from controlplane.reservations.choices import HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Reservation
 from controlplane.reservations.services import reservation_create, reservation_mark
-from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window, mounts_from_stored
 
 
 def server_lost(*, server: Server, now: datetime) -> int:
@@ -106,7 +106,12 @@ def requeue(*, reservation: Reservation, now: datetime) -> Reservation | None:
                 ),
                 window=Window(now, reservation.ends_at),
                 container=ContainerSpec(
-                    image=reservation.image, command=list(reservation.command or []), env=dict(reservation.env or {})
+                    image=reservation.image,
+                    command=list(reservation.command or []),
+                    env=dict(reservation.env or {}),
+                    # The same mounts and network, checked again as any booking's are.
+                    volumes=mounts_from_stored(list(reservation.volumes or [])),
+                    network=reservation.network,
                 ),
                 actor=None,
                 now=now,

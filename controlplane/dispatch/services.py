@@ -210,8 +210,14 @@ def dispatch_reservation_changed(*, reservation: Reservation) -> None:
 # -- the desired state --------------------------------------------------------------------------------------
 
 
-def _desired_container(launch: Launch, *, ssh_keys: list[schema.AuthorizedKey] | None = None) -> schema.DesiredContainer:
+def _desired_container(
+    launch: Launch,
+    *,
+    ssh_keys: list[schema.AuthorizedKey] | None = None,
+    mounts: tuple[list[schema.VolumeMount], str | None] | None = None,
+) -> schema.DesiredContainer:
     reservation = launch.reservation
+    volumes, network_name = mounts or ([], None)
     return schema.DesiredContainer(
         launch_id=launch.launch_id,
         reservation=str(reservation.public_id),
@@ -225,6 +231,10 @@ def _desired_container(launch: Launch, *, ssh_keys: list[schema.AuthorizedKey] |
         warn_before_s=int(_setting("DISPATCH_WARN_BEFORE_S", 300)),
         stop_grace_s=int(_setting("DISPATCH_STOP_GRACE_S", 30)),
         ssh_keys=ssh_keys or [],
+        volumes=volumes,
+        # Egress only while the project still has its network: one withdrawn since booking means none.
+        network="egress" if reservation.network == "egress" and network_name else "none",
+        network_name=network_name if reservation.network == "egress" else None,
     )
 
 
@@ -249,8 +259,13 @@ def node_desired_state(
             stop.append(launch.launch_id)
     # One read for the keys of every project running here (access registers the reader: dispatch.hooks).
     keys = hooks.authorized_keys({launch.reservation.project_id for launch in running})
+    mounts = hooks.container_mounts([launch.reservation for launch in running])
     for launch in running:
-        desired.append(_desired_container(launch, ssh_keys=keys.get(launch.reservation.project_id)))
+        desired.append(
+            _desired_container(
+                launch, ssh_keys=keys.get(launch.reservation.project_id), mounts=mounts.get(launch.reservation_id)
+            )
+        )
     return desired, stop
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
@@ -229,6 +229,15 @@ def period_key_for(when: datetime) -> str:
     return when.strftime("%Y-%m")
 
 
+# A storage charge (controlplane/access/storage.py) is a charge with no reservation, ``data.kind`` "storage",
+# and the UTC hour it pays for as its period key ("2026-11-03T14"), which sorts as the hours do.
+STORAGE_DATA_KIND = "storage"
+
+
+def hour_key_for(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H")
+
+
 @transaction.atomic
 def ledger_grant_period(*, project: Project, when: datetime | None = None) -> LedgerEntry | None:
     """Grant the policy's credits for the period holding ``when``, once; None when already granted or nothing to grant.
@@ -416,17 +425,42 @@ def ledger_settle(
     used = credits(used) if used > 0 else ZERO
     if used == 0:
         return release, None
+    charge = ledger_charge_capped(
+        project_id=project_id,
+        used=used,
+        reason=reason,
+        actor=actor,
+        actor_label=actor_label,
+        reservation_id=reservation_id,
+    )
+    return release, charge
+
+
+def ledger_charge_capped(
+    *,
+    project_id: int,
+    used: Decimal,
+    reason: str,
+    actor: Any = None,
+    actor_label: str | None = None,
+    reservation_id: int | None = None,
+    period_key: str = "",
+    data: dict[str, Any] | None = None,
+) -> LedgerEntry:
+    """Charge for what was used (a reservation's run, a volume's storage hour): capped, never refused, since
+    it has been used. Capped at the balance, and at what the charges' total can still take (CREDIT_LIMIT,
+    which only a project that has spent ~1e11 credits meets); the shortfall is kept in ``data.uncharged`` and
+    the balance never goes below zero. Caller holds lock_project()."""
+    used = credits(used) if used > 0 else ZERO
     totals = ledger_totals(project_id=project_id)
-    # Capped, never refused: the reservation has run. At the balance, and at what the charges' total can
-    # still take (CREDIT_LIMIT), which only a project that has spent ~1e11 credits meets.
     charged = min(used, totals.balance, credit_room(totals, kind=EntryKind.CHARGE, negative=True).credits)
-    data = {"used": str(used)}
+    data = {**(data or {}), "used": str(used)}
     if charged < used:
         data["uncharged"] = str(used - charged)
-    if charged == 0:
+    if charged <= 0:
         # Nothing left to take; keep a zero charge so the shortfall is on the record.
         charged = ZERO
-    charge = _append(
+    return _append(
         project_id=project_id,
         kind=EntryKind.CHARGE,
         amount=-charged,
@@ -434,10 +468,10 @@ def ledger_settle(
         actor=actor,
         actor_label=actor_label,
         reservation_id=reservation_id,
+        period_key=period_key,
         data=data,
         checked=True,
     )
-    return release, charge
 
 
 def assert_not_settled(*, reservation_id: int) -> None:

@@ -28,3 +28,10 @@ FINAL_STATES = frozenset(
 )
 # Cancel, release and extend act on these.
 CHANGEABLE_STATES = frozenset({ReservationState.SCHEDULED, ReservationState.STARTING, ReservationState.RUNNING})
+
+
+class NetworkMode(models.TextChoices):
+    """A container's network: loopback only, or the Docker network an operator allows the project's egress on."""
+
+    NONE = "none", "None (loopback only)"
+    EGRESS = "egress", "Egress"

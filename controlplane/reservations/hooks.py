@@ -25,3 +25,60 @@ def access_for(reservation: Any) -> dict[str, Any]:
     if _access is None:
         return {"ready": False, "message": "SSH access is not part of this installation.", "ssh": []}
     return _access(reservation)
+
+
+# -- Mounts and networks (docs/volumes.md) ---------------------------------------------------------------------
+# Volumes, datasets and egress networks belong to the access app, above this one. A booking or an extension
+# asks it, under the project's lock, to resolve what the container asks for; the access app registers
+# ``MountsResolver`` here. It raises the domain error (400 naming the field, 409 volume_over_limit or
+# volume_in_use) or returns the mounts as the reservation stores them.
+MountsResolver = Callable[..., list[dict[str, Any]]]
+_mounts: MountsResolver | None = None
+
+
+def register_mounts(resolver: MountsResolver) -> None:
+    global _mounts
+    _mounts = resolver
+
+
+def resolve_mounts(
+    *, project: Any, volumes: list[Any], network: str, window: Any, exclude_reservation_id: int | None = None
+) -> list[dict[str, Any]]:
+    """The mounts ``volumes`` (``specs.MountRequest``) resolve to for ``project`` over ``window``, checked
+    against the project's volumes, the datasets it may mount and its egress network. Caller holds
+    ``lock_project``. Nothing asked, nothing read."""
+    from controlplane.core.errors import ValidationFailed
+
+    if not volumes and network == "none":
+        return []
+    if _mounts is None:
+        field = "container.volumes" if volumes else "container.network"
+        message = "Volumes and networks are not part of this installation."
+        raise ValidationFailed(message, fields={field: [message]})
+    return _mounts(
+        project=project,
+        volumes=volumes,
+        network=network,
+        window=window,
+        exclude_reservation_id=exclude_reservation_id,
+        overlap_only=False,
+    )
+
+
+def recheck_volumes_free(*, project: Any, volumes: list[dict[str, Any]], window: Any, reservation_id: int) -> None:
+    """An extension's check: the reservation's stored mounts (``Reservation.volumes``) are free of other live
+    reservations over ``window`` (its added part). Only the overlap: a volume over its limit, or an egress
+    network withdrawn since, does not stop a booked window from growing. Caller holds ``lock_project``."""
+    from controlplane.reservations.specs import mounts_from_stored
+
+    if _mounts is None or not any(m.get("kind") == "volume" for m in volumes):
+        return
+    requests = [m for m in mounts_from_stored(volumes) if m.kind == "volume"]
+    _mounts(
+        project=project,
+        volumes=requests,
+        network="none",
+        window=window,
+        exclude_reservation_id=reservation_id,
+        overlap_only=True,
+    )

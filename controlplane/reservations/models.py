@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Project
 from controlplane.inventory.models import Gpu, GpuModel
-from controlplane.reservations.choices import ReservationState
+from controlplane.reservations.choices import NetworkMode, ReservationState
 
 
 class Reservation(models.Model):
@@ -38,6 +38,10 @@ class Reservation(models.Model):
     image = models.CharField(max_length=512)
     command = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    # The mounts as resolved at booking (docs/volumes.md): [{"kind", "name", "path", "read_only"}], a volume's
+    # name in this reservation's project, a dataset's in the operators' catalog.
+    volumes = models.JSONField(default=list, blank=True)
+    network = models.CharField(max_length=16, choices=NetworkMode.choices, default=NetworkMode.NONE)
     state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.PENDING)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)

@@ -35,6 +35,7 @@ from controlplane.ledger.services import (
     ledger_settle,
     lock_project,
 )
+from controlplane.reservations import hooks
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
@@ -231,6 +232,10 @@ def reservation_create(
     container.validate()
 
     lock_project(project_id=project.pk)
+    # Under the project's lock: two bookings of one non-shared volume cannot both find it free.
+    mounts = hooks.resolve_mounts(
+        project=project, volumes=list(container.volumes), network=container.network, window=window
+    )
     # Created straight in "scheduled": placement and quota are settled below, in this transaction, and both
     # steps stay on the record as events. The row comes first so the allocations can be inserted as soon
     # as GPUs are chosen.
@@ -247,6 +252,8 @@ def reservation_create(
         image=container.image.strip(),
         command=list(container.command),
         env=dict(container.env),
+        volumes=mounts,
+        network=container.network,
         state=ReservationState.SCHEDULED,
         created_at=now,
         updated_at=now,
@@ -441,9 +448,14 @@ def reservation_extend(
     if current.ends_at <= now:
         raise Conflict("The window has already closed.", code="invalid_state")
     old_end = current.ends_at
+    extra = Window(old_end, ends_at)
+    if current.volumes:
+        # The added part of the window must find its volumes free too (a non-shared one booked from old_end).
+        hooks.recheck_volumes_free(
+            project=current.project, volumes=list(current.volumes), window=extra, reservation_id=current.pk
+        )
     allocations = list(current.allocations.filter(active=True))
     gpus = _lock_gpus(a.gpu_id for a in allocations)
-    extra = Window(old_end, ends_at)
     clash = (
         overlapping(Allocation.objects.filter(gpu_id__in=list(gpus)), extra.starts_at, extra.ends_at)
         .exclude(reservation=current)

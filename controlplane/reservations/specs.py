@@ -8,6 +8,8 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from controlplane.core.errors import ValidationFailed
+from controlplane.reservations.choices import NetworkMode
+from nodeagent.schema import MAX_VOLUMES, mount_path_problem
 
 # A client clock a little behind ours must not make "start now" fail.
 START_SKEW = timedelta(minutes=2)
@@ -56,14 +58,93 @@ class Window:
             raise ValidationFailed(_sentence(fields), fields=fields)
 
 
+VOLUME_PATH_DEFAULT = "/workspace"
+DATASET_ROOT = "/datasets"
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    """One mount a booking asks for: a project volume or an operator's dataset, by name, at ``path``.
+
+    ``path`` None takes the default: /workspace for a volume, /datasets/<name> for a dataset. A dataset is
+    always read-only; ``read_only=False`` asked of one is refused rather than quietly ignored.
+    """
+
+    kind: str  # "volume" | "dataset"
+    name: str
+    path: str | None = None
+    read_only: bool | None = None
+
+    @property
+    def mount_path(self) -> str:
+        if self.path is not None:
+            return self.path
+        return VOLUME_PATH_DEFAULT if self.kind == "volume" else f"{DATASET_ROOT}/{self.name}"
+
+    @property
+    def mount_read_only(self) -> bool:
+        return True if self.kind == "dataset" else bool(self.read_only)
+
+
+def mounts_from_stored(volumes: list[dict[str, object]]) -> list[MountRequest]:
+    """A reservation's stored mounts (``Reservation.volumes``) asked for again: a requeued follow-up's."""
+    return [
+        MountRequest(kind=str(m["kind"]), name=str(m["name"]), path=str(m["path"]), read_only=bool(m["read_only"]))
+        for m in volumes
+    ]
+
+
+def _nested(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def mount_problems(volumes: list[MountRequest]) -> dict[str, list[str]]:
+    """Per field (``container.volumes.<i>.<part>``), what is wrong with the mounts as a list: each path by
+    ``nodeagent.schema.mount_path_problem`` (the agent's own rule), then paths that repeat or nest inside
+    another (which mount would win is not the booking's to guess), and a volume or dataset named twice."""
+    fields: dict[str, list[str]] = {}
+    if len(volumes) > MAX_VOLUMES:
+        fields["container.volumes"] = [f"Ensure this field has no more than {MAX_VOLUMES} elements."]
+        return fields
+    seen_paths: list[tuple[int, str]] = []
+    seen_names: dict[tuple[str, str], int] = {}
+    for i, mount in enumerate(volumes):
+        at = f"container.volumes.{i}"
+        if mount.kind == "dataset" and mount.read_only is False:
+            fields[f"{at}.read_only"] = ["A dataset is always mounted read-only."]
+        path = mount.mount_path
+        problem = mount_path_problem(path)
+        if problem is not None:
+            fields[f"{at}.path"] = [problem]
+        else:
+            clash = next((j for j, other in seen_paths if _nested(path, other)), None)
+            if clash is not None:
+                other = volumes[clash].mount_path
+                why = "is already a mount point" if other == path else f"nests with {other}"
+                fields[f"{at}.path"] = [f"{path} {why} (container.volumes.{clash}); give each mount its own path."]
+            seen_paths.append((i, path))
+        key = (mount.kind, mount.name)
+        if key in seen_names:
+            fields[f"{at}.{mount.kind}"] = [
+                f"The {mount.kind} {mount.name!r} is mounted already (container.volumes.{seen_names[key]})."
+            ]
+        seen_names.setdefault(key, i)
+    return fields
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     image: str
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    volumes: list[MountRequest] = field(default_factory=list)
+    network: str = NetworkMode.NONE
 
     def validate(self) -> None:
         fields: dict[str, list[str]] = {}
+        if self.network not in NetworkMode.values:
+            fields["container.network"] = [f'"{self.network}" is not a valid choice: "none" or "egress".']
+        fields.update(mount_problems(list(self.volumes)))
         if not self.image or not self.image.strip():
             fields["container.image"] = ["This field is required."]
         if not isinstance(self.command, list) or not all(isinstance(part, str) for part in self.command):

@@ -19,11 +19,13 @@ const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ 
 const TokensPage = lazy(() => import("./pages/Tokens").then((m) => ({ default: m.TokensPage })));
 const SshKeysPage = lazy(() => import("./pages/SshKeys").then((m) => ({ default: m.SshKeysPage })));
 const UsagePage = lazy(() => import("./pages/Usage").then((m) => ({ default: m.UsagePage })));
+const VolumesPage = lazy(() => import("./pages/Volumes").then((m) => ({ default: m.VolumesPage })));
 
 const TENANT_LINKS = [
   { to: "/", label: "Dashboard" },
   { to: "/availability", label: "Book GPUs" },
   { to: "/usage", label: "Usage" },
+  { to: "/volumes", label: "Volumes" },
   { to: "/tokens", label: "API tokens" },
   { to: "/ssh-keys", label: "SSH keys" },
 ];
@@ -67,6 +69,7 @@ export function App() {
         <Route path="/availability" element={<AvailabilityPage />} />
         <Route path="/reservations/:id" element={<ReservationPage />} />
         <Route path="/usage" element={<UsagePage />} />
+        <Route path="/volumes" element={<VolumesPage />} />
         <Route path="/tokens" element={<TokensPage />} />
         <Route path="/ssh-keys" element={<SshKeysPage />} />
         <Route path="/fleet" element={operator ? <FleetPage /> : <OperatorsOnly />} />

@@ -94,6 +94,23 @@ class ReportRowSerializer(serializers.Serializer):
     costs = serializers.DictField(child=serializers.DecimalField(max_digits=16, decimal_places=4))
 
 
+class StorageVolumeSerializer(serializers.Serializer):
+    volume = serializers.CharField()
+    gib_hours = serializers.IntegerField()
+    credits = serializers.DecimalField(max_digits=16, decimal_places=4)
+
+
+class StorageSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # a field named like Field.label
+    gib_hours = serializers.IntegerField(help_text="GiB-hours of the volumes' size limits charged for the range.")
+    credits = serializers.DecimalField(max_digits=16, decimal_places=4)
+    uncharged = serializers.DecimalField(
+        max_digits=16, decimal_places=4, help_text="What could not be charged: the project's credits had run out."
+    )
+    volumes = StorageVolumeSerializer(many=True, help_text="Per volume (a project's report only).")
+
+
 class ReportSerializer(serializers.Serializer):
     project = serializers.CharField(allow_null=True)
     start = serializers.DateTimeField()
@@ -101,6 +118,10 @@ class ReportSerializer(serializers.Serializer):
     group_by = serializers.CharField()
     rows = ReportRowSerializer(many=True)
     totals = ReportRowSerializer()
+    storage = StorageSerializer(help_text="Volumes' storage charges for the hours of the range.")
+    total_credits = serializers.DecimalField(
+        max_digits=16, decimal_places=4, help_text="totals.credits (GPUs) plus storage.credits."
+    )
 
 
 class TimeseriesPointSerializer(serializers.Serializer):

@@ -13,8 +13,10 @@ from controlplane.core.api.fields import SlugRelatedField
 from controlplane.inventory.models import GpuModel
 from controlplane.reservations import hooks
 from controlplane.reservations.api.fields import ENV_NAME, EnvField, StartField, StrictStringField
+from controlplane.reservations.choices import NetworkMode
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
-from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, Window
+from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
+from nodeagent.schema import MAX_VOLUMES
 
 # Bounds of a booking request, shared by the serializers and the hot path (booking_args) below. The
 # container's are the agent's own (nodeagent/schema.py, DesiredContainer): a booking the agent would refuse
@@ -85,6 +87,33 @@ class WindowSerializer(serializers.Serializer):
         return attrs
 
 
+class MountSerializer(serializers.Serializer):
+    """One mount: a project volume or a dataset. The paths are judged by the booking (specs.mount_problems)."""
+
+    volume = StrictStringField(max_length=63, required=False, help_text="A volume of the booking's project.")
+    dataset = StrictStringField(max_length=63, required=False, help_text="A dataset the project may mount.")
+    path = StrictStringField(
+        max_length=4096,
+        required=False,
+        trim_whitespace=False,
+        help_text="Where it appears in the container; default /workspace for a volume, /datasets/<name> for a dataset.",
+    )
+    # The metaclass takes declared fields off the class, so this does not shadow Field.read_only.
+    read_only = serializers.BooleanField(  # type: ignore[assignment]
+        required=False, help_text="A volume's; a dataset is always read-only."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("volume" in attrs) == ("dataset" in attrs):
+            raise serializers.ValidationError({"volume": ["Give either a volume or a dataset, not both or neither."]})
+        return attrs
+
+
+def mount_from(data: dict[str, Any]) -> MountRequest:
+    kind = "volume" if "volume" in data else "dataset"
+    return MountRequest(kind=kind, name=data[kind], path=data.get("path"), read_only=data.get("read_only"))
+
+
 class ContainerSerializer(serializers.Serializer):
     image = serializers.CharField(max_length=_IMAGE_MAX)
     command = serializers.ListField(
@@ -99,6 +128,12 @@ class ContainerSerializer(serializers.Serializer):
         name_max=_ENV_NAME_MAX,
         required=False,
         default=dict,
+    )
+    volumes = serializers.ListField(child=MountSerializer(), required=False, default=list, max_length=MAX_VOLUMES)
+    network = serializers.ChoiceField(
+        choices=NetworkMode.choices,
+        default=NetworkMode.NONE,
+        help_text='"egress": the Docker network an operator allows the project; "none": loopback only.',
     )
 
 
@@ -140,7 +175,11 @@ class ReservationCreateSerializer(serializers.Serializer):
             "spec": spec_from(data["spec"]),
             "window": Window(data["window"]["start"], data["window"]["end"]),
             "container": ContainerSpec(
-                image=data["container"]["image"], command=data["container"]["command"], env=data["container"]["env"]
+                image=data["container"]["image"],
+                command=data["container"]["command"],
+                env=data["container"]["env"],
+                volumes=[mount_from(m) for m in data["container"]["volumes"]],
+                network=data["container"]["network"],
             ),
         }
 
@@ -160,8 +199,16 @@ class SpecOutSerializer(serializers.Serializer):
     whole_servers = serializers.IntegerField(allow_null=True)
 
 
+class MountOutSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["volume", "dataset"])
+    name = serializers.CharField()
+    path = serializers.CharField()
+    read_only = serializers.BooleanField()  # type: ignore[assignment]  # a field named like Field.read_only
+
+
 class ReservationSerializer(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id", read_only=True)
+    volumes = MountOutSerializer(many=True, read_only=True, help_text="The mounts as resolved at booking.")
     project: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     spec = SpecOutSerializer(source="*", read_only=True)
@@ -179,6 +226,8 @@ class ReservationSerializer(serializers.ModelSerializer):
             "image",
             "command",
             "env",
+            "volumes",
+            "network",
             "created_by",
             "created_at",
             "updated_at",
@@ -296,6 +345,9 @@ def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> di
     spec, window, container = data.get("spec"), data.get("window"), data.get("container")
     if type(spec) is not dict or type(window) is not dict or type(container) is not dict:
         return None
+    if "volumes" in container or "network" in container:
+        # Mounts and networks are read by the serializer alone: one definition of them, off the hot path.
+        return None
     name = _clean_text(data.get("name"), _NAME_MAX)
     image = _clean_text(container.get("image"), _IMAGE_MAX)
     if name is None or image is None:
@@ -366,6 +418,8 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
         "image": str(reservation.image),
         "command": reservation.command,
         "env": reservation.env,
+        "volumes": reservation.volumes,
+        "network": str(reservation.network),
         "created_by": None if creator is None else str(creator.username),
         "created_at": _at(reservation.created_at),
         "updated_at": _at(reservation.updated_at),
