@@ -90,6 +90,14 @@ def _summary(detail: dict[str, Any], state: State) -> None:
         rows.append(["command", " ".join(detail["command"])])
     if detail.get("env"):
         rows.append(["env", " ".join(f"{k}={v}" for k, v in detail["env"].items())])
+    for mount in detail.get("volumes") or []:
+        mode = "read-only" if mount.get("read_only") else "read-write"
+        rows.append([str(mount.get("kind", "volume")), f"{mount.get('name')} at {mount.get('path')} ({mode})"])
+    if detail.get("network") and detail["network"] != "none":
+        rows.append(["network", str(detail["network"])])
+    access = detail.get("access") or {}
+    if access.get("ready"):
+        rows.extend(["ssh", entry["command"]] for entry in access.get("ssh", []))
     for line in table(["", ""], rows).splitlines()[1:]:
         click.echo("  " + line)
 

@@ -111,7 +111,16 @@ export interface ReservationAccess {
   ssh: SshAccess[];
 }
 
+export interface ReservationMount {
+  kind: "volume" | "dataset";
+  name: string;
+  path: string;
+  read_only: boolean;
+}
+
 export interface ReservationDetail extends Reservation {
+  volumes: ReservationMount[];
+  network: string;
   allocations: Allocation[];
   events: ReservationEvent[];
   access: ReservationAccess;

@@ -74,6 +74,17 @@ function ReservationView({ r }: { r: ReservationDetail }) {
           <Text size="sm" c="dimmed">
             <Code>{r.image}</Code> {r.command?.length ? <Code>{r.command.join(" ")}</Code> : null}
           </Text>
+          {(r.volumes?.length > 0 || (r.network && r.network !== "none")) && (
+            <Text size="sm" c="dimmed">
+              {r.volumes.map((m) => (
+                <span key={m.path}>
+                  {m.kind} <Code>{m.name}</Code> at <Code>{m.path}</Code>
+                  {m.read_only ? " (read-only)" : ""} ·{" "}
+                </span>
+              ))}
+              network <Code>{r.network || "none"}</Code>
+            </Text>
+          )}
         </div>
         <Actions r={r} />
       </Group>
