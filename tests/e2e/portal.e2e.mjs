@@ -139,6 +139,26 @@ async function main() {
     expect(state === "running", `reservation reached running (last seen: ${state})`);
     await page.locator('[data-testid="launches"], [data-testid="not-available"]').first().waitFor();
 
+    step("the Connect panel gives the ssh command and the gateway's known_hosts line; the log panel follows");
+    const connect = page.getByTestId("connect-panel");
+    await connect.waitFor();
+    // With a Docker engine the demo agents run SSH gateways; without one the panel says there is none.
+    await page.waitForFunction(() => {
+      const panel = document.querySelector('[data-testid="connect-panel"]');
+      return panel && (panel.getAttribute("data-ready") === "yes" || /no SSH gateway/.test(panel.textContent || ""));
+    }, null, { timeout: 30_000 });
+    if ((await connect.getAttribute("data-ready")) === "yes") {
+      const command = await connect.getByLabel("SSH command", { exact: true }).innerText();
+      expect(/^ssh -p \d+ [0-9a-f-]{36}@\S+$/.test(command), `an ssh command is shown: ${command}`);
+      const known = await connect.getByLabel("known_hosts line", { exact: true }).innerText();
+      expect(/^\[\S+\]:\d+ ssh-ed25519 AAAA/.test(known), `a known_hosts line is shown: ${known}`);
+      await connect.getByRole("button", { name: "Copy the SSH command" }).waitFor();
+      console.log(`e2e | connect: ${command}`);
+    } else {
+      console.log("e2e | connect: this system runs no SSH gateway (no Docker engine), as the panel says");
+    }
+    await page.getByRole("log").waitFor();
+
     step("the tenant sees live utilization, memory and power charts of her GPUs");
     await page.getByTestId("telemetry-charts").waitFor({ timeout: 60_000 });
     await page.waitForFunction(() => {

@@ -7,7 +7,7 @@ import type { ReservationAccess } from "../api/types";
 export function ConnectPanel({ access, reservationId }: { access: ReservationAccess | undefined; reservationId: string }) {
   if (!access) return null;
   return (
-    <Card withBorder aria-labelledby="connect-title">
+    <Card withBorder aria-labelledby="connect-title" data-testid="connect-panel" data-ready={access.ready ? "yes" : "no"}>
       <Text fw={600} mb="xs" id="connect-title">
         Connect
       </Text>
