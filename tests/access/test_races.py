@@ -2,41 +2,15 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from controlplane.access.models import SshKey
 from controlplane.access.services import KEYS_PER_USER_MAX, ssh_key_create
-from controlplane.core.errors import ValidationFailed
 from tests.access.keygen import ed25519_key, public_line
+from tests.access.racing import race
 from tests.factories import UserFactory
-
-
-def race(*work: Callable[[], object]) -> list[str]:
-    """Run each callable in its own thread, released together; each one's outcome: "ok" or the refusal code."""
-    barrier = threading.Barrier(len(work))
-    outcomes: list[str] = []
-
-    def run(job: Callable[[], object]) -> None:
-        try:
-            barrier.wait(timeout=10)
-            job()
-            outcomes.append("ok")
-        except ValidationFailed as exc:
-            outcomes.append(exc.code)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(job,)) for job in work]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    return sorted(outcomes)
 
 
 @pytest.mark.postgres

@@ -4,25 +4,23 @@ overlap rule under the project's lock (a race on PostgreSQL), extensions, and th
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from controlplane.access.models import GIB, Volume
 from controlplane.access.volumes import project_network_set, volume_create, volume_delete, volume_update
-from controlplane.core.errors import Conflict, DomainError, ValidationFailed
+from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.dispatch import services as dispatch_services
 from controlplane.dispatch.models import Launch
 from controlplane.reservations import services
 from controlplane.reservations.api.serializers import ReservationDetailSerializer, reservation_detail
 from controlplane.reservations.models import Reservation
 from controlplane.reservations.specs import MountRequest
+from tests.access.racing import race
 from tests.access.volume_world import BOOKINGS, VolumeWorld, measured, volume
 
 pytestmark = pytest.mark.django_db
@@ -301,29 +299,6 @@ def test_a_requeued_follow_up_keeps_its_mounts_and_network(w):
 
 
 # --- the race, on PostgreSQL ------------------------------------------------------------------------------
-
-
-def race(*work: Callable[[], object]) -> list[str]:
-    """Each callable in its own thread and connection, released together: "ok" or the refusal's code."""
-    barrier = threading.Barrier(len(work))
-    outcomes: list[str] = []
-
-    def run(job: Callable[[], object]) -> None:
-        try:
-            barrier.wait(timeout=10)
-            job()
-            outcomes.append("ok")
-        except DomainError as exc:
-            outcomes.append(exc.code)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(job,)) for job in work]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return sorted(outcomes)
 
 
 @pytest.mark.postgres

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from nodeagent import schema
+from tests.runtime import support as runtime_support
 
 CLIENT_TIMEOUT_S = 30
 
@@ -97,12 +98,5 @@ class OpenSsh:
         return f"{user}@127.0.0.1:{path}"
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+# The runtime tests' poll, a little faster.
+wait_for = functools.partial(runtime_support.wait_for, timeout=10.0, interval=0.05)

@@ -37,7 +37,7 @@ def test_ssh_writes_the_known_hosts_line_and_prints_a_strict_command(gpucp: Gpuc
 def test_a_new_host_key_replaces_the_old_one_for_that_host_only(gpucp: Gpucp, world: World, config_home: Path):
     known = config_home / "gpucp" / "known_hosts"
     known.parent.mkdir(parents=True)
-    known.write_text(f"[10.9.8.7]:2201 ssh-ed25519 AAAAold\nother.example ssh-ed25519 AAAAkeep\n")
+    known.write_text("[10.9.8.7]:2201 ssh-ed25519 AAAAold\nother.example ssh-ed25519 AAAAkeep\n")
     srv = with_gateway(world.server, port=2201, address="10.9.8.7")
     r = book(world.project, world.model)
     running(r, srv)
