@@ -1,13 +1,14 @@
 """The log-follow part of bench/access.py, in a process of its own (it sets Django up on a fresh database).
 
-    .venv/bin/python bench/access_logs.py [--lines 40]     prints one JSON line: {"lag_s": [...]}
+    .venv/bin/python bench/access_logs.py [--lines 40]     prints one JSON line: {"lag_s", "engine_lag_s"}
 
 The control plane runs here (Django's threaded server on a free port, DATABASE_URL or
 postgres://postgres@127.0.0.1:5432/bench_access, dropped and created afresh), with a real agent (Agent +
 DockerRuntime + LogShipper, simulated GPUs) in a thread. The demo tenant books one GPU for a container that
 writes a line every 0.5 s holding the host's uptime (``/proc/uptime``: the container shares the host's clock
 and sees it with 10 ms resolution). A follower reads ``GET /reservations/{id}/logs/?follow=1`` (Server-Sent
-Events) with a token, as `gpucp logs -f` does, and notes the uptime when each line arrives.
+Events) with a token, as `gpucp logs -f` does, and notes the uptime when each line arrives. The baseline,
+in the same run: the same lines read from the engine directly (`docker logs -f`, the docker SDK).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -99,6 +101,30 @@ def main() -> None:
             actor=alice,
             now=now,
         )
+        # The baseline, in the same run: the same lines read straight from the engine (`docker logs -f`), on
+        # the node itself, with no agent, HTTP or database between.
+        engine_lags: list[float] = []
+
+        def follow_engine() -> None:
+            container = wait_until(
+                lambda: next(iter(client.containers.list(filters={"label": f"{LABEL_NODE}={hostname}"})), None),
+                60,
+                "the container",
+            )
+            pending = b""
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                arrived = uptime()
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                for line in whole:
+                    parts = line.decode(errors="replace").split()
+                    if len(parts) == 3 and parts[0] == "line":
+                        engine_lags.append(arrived - float(parts[2]))
+                if len(engine_lags) >= args.lines:
+                    return
+
+        engine = threading.Thread(target=follow_engine, name="docker-logs-f", daemon=True)
+        engine.start()
         lags: list[float] = []
         stream = requests.get(
             f"{web}/api/v1/reservations/{r.public_id}/logs/",
@@ -123,7 +149,8 @@ def main() -> None:
             if len(lags) >= args.lines:
                 break
         stream.close()
-        print(json.dumps({"lag_s": lags}), flush=True)
+        engine.join(timeout=30)
+        print(json.dumps({"lag_s": lags, "engine_lag_s": engine_lags}), flush=True)
     finally:
         shipper.stop()
         agent.stop()
