@@ -43,10 +43,14 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # Before staticfiles: runserver (DEBUG) leaves /static/ to WhiteNoise too, so every mode serves it alike.
+    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    # Swagger UI and ReDoc served from /static/, not a CDN: the API docs work without internet.
+    "drf_spectacular_sidecar",
     "controlplane.core",
     "controlplane.accounts",
     "controlplane.access",
@@ -60,6 +64,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # /static/ (admin, API docs) in every mode, gunicorn included; the portal itself is core/spa.py's.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before anything reads the request: refuses an oversized body or a NUL in the path or query under /api/,
     # and answers every error page under /api/ in the API's error shape.
     "controlplane.core.api.middleware.ApiGuardMiddleware",
@@ -154,6 +160,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# WhiteNoise reads the files through the finders, as they are installed, so no deployment needs a
+# collectstatic step; STATIC_ROOT only serves a proxy in front that wants a copy (`manage.py collectstatic`).
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # else WhiteNoise warns at every start that it is missing
 FRONTEND_DIST = BASE_DIR / "frontend" / "dist"
 STATICFILES_DIRS = [FRONTEND_DIST] if FRONTEND_DIST.exists() else []
 MEDIA_ROOT = VAR_DIR / "media"
@@ -195,6 +205,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Reserve exclusive bare-metal GPUs, dispatch containers to them and account for their use.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
     # 3.1: the agent's wire models are documented from pydantic, whose JSON Schema writes an optional value as

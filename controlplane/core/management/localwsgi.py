@@ -1,12 +1,11 @@
-"""The project's WSGI application, serving its static files itself.
+"""The project's WSGI application, as ``runsystem`` and the compose.yaml deployment run it.
 
-``runsystem`` and the compose.yaml deployment have no web server in front to serve the admin's CSS and the
-built portal (``frontend/dist``), so this wraps the project's application in Django's static files handler,
-which reads them through the finders (no collectstatic step). Behind a proxy that serves ``STATIC_ROOT``,
-``controlplane.wsgi`` is enough.
+They have no web server in front, so the application serves its own static files: WhiteNoise (in MIDDLEWARE)
+answers /static/ (the admin's CSS, the API docs' Swagger UI) through the finders, with no collectstatic step,
+and ``controlplane.core.spa`` the built portal, precompressed. Kept as its own module so that both keep
+naming one entry point whatever it wraps.
 """
 
-from django.contrib.staticfiles.handlers import StaticFilesHandler
 from django.core.wsgi import get_wsgi_application
 
-application = StaticFilesHandler(get_wsgi_application())
+application = get_wsgi_application()
