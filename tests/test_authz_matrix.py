@@ -216,10 +216,11 @@ def test_authorization_matrix(db: Any, case: Row, role: str) -> None:
         # The same refusal, to the byte, when the target does not exist.
         missing_refs = {**world.refs, **{ref: MISSING[ref] for ref in _refs_in(case.path)}}
         missing_body = _built(case.missing_body, world) if case.missing_body is not None else body
-        twin = client.generic(
-            case.method, case.path.format(**missing_refs), data=_json(missing_body), content_type="application/json"
-        )
-        assert (twin.status_code, twin.content) == (response.status_code, response.content), (
+        missing_url = case.path.format(**missing_refs)
+        twin = client.generic(case.method, missing_url, data=_json(missing_body), content_type="application/json")
+        # A 404 names the path it was asked for; with that set aside, the bytes are the same.
+        twin_content = twin.content.replace(missing_url.encode(), url.encode())
+        assert (twin.status_code, twin_content) == (response.status_code, response.content), (
             f"{case} as {role}: a missing target is answered {twin.status_code} {twin.content[:300]!r}, "
             f"an existing one {response.status_code} {response.content[:300]!r}"
         )

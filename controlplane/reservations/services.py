@@ -363,7 +363,7 @@ def reservation_cancel(
     if now > current.starts_at:
         return _end_early(current, actor=actor, reason=reason or "cancelled during the window", now=now)
     if current.state not in CHANGEABLE_STATES:
-        raise Conflict(f"A {current.state} reservation cannot be cancelled.", code="invalid_state")
+        raise Conflict(_not_in_state(current, "cancelled"), code="invalid_state")
     previous = current.state
     if not _transition(current, from_states=[previous], to=ReservationState.CANCELLED, at=now):
         raise Conflict("The reservation changed while it was being cancelled; try again.", code="invalid_state")
@@ -398,18 +398,35 @@ def reservation_release(
     current = _locked(reservation)
     if now <= current.starts_at:
         if current.state not in CHANGEABLE_STATES:
-            raise Conflict(f"A {current.state} reservation cannot be released.", code="invalid_state")
+            raise Conflict(_not_in_state(current, "released"), code="invalid_state")
         return reservation_cancel(
             reservation=current, actor=actor, reason=reason or "released before the window", now=now
         )
     return _end_early(current, actor=actor, reason=reason or "released", now=now)
 
 
+# What each state a command may refuse means to the person who sent the command.
+_STATE_MEANS = {
+    ReservationState.ENDING: "its window has closed or was cut short and its container is being stopped",
+    ReservationState.COMPLETED: "its window is over",
+    ReservationState.CANCELLED: "it was cancelled",
+    ReservationState.FAILED: "it failed",
+    ReservationState.INTERRUPTED: "its server or a GPU was lost during the window",
+}
+
+
+def _not_in_state(reservation: Reservation, verb: str) -> str:
+    state = str(reservation.state)
+    article = "An" if state[:1] in "aeiou" else "A"
+    means = _STATE_MEANS.get(ReservationState(state), "it cannot change now")
+    return f"{article} {state} reservation cannot be {verb}: it is in state {state} ({means})."
+
+
 def _end_early(current: Reservation, *, actor: Any, reason: str, now: datetime) -> Reservation:
     """Cut the window at ``now``: the GPUs are free for others from now on; dispatch stops the container
     and settles the ledger with reservation_finish()."""
     if current.state not in CHANGEABLE_STATES:
-        raise Conflict(f"A {current.state} reservation cannot be ended.", code="invalid_state")
+        raise Conflict(_not_in_state(current, "ended"), code="invalid_state")
     if now >= current.ends_at:
         raise Conflict("The window has already closed.", code="invalid_state")
     previous, booked_end = current.state, current.ends_at
@@ -439,7 +456,7 @@ def reservation_extend(
     now = now or timezone.now()
     current = _locked(reservation)
     if current.state not in CHANGEABLE_STATES:
-        raise Conflict(f"A {current.state} reservation cannot be extended.", code="invalid_state")
+        raise Conflict(_not_in_state(current, "extended"), code="invalid_state")
     if ends_at <= current.ends_at:
         raise ValidationFailed(
             "ends_at: must be later than the current end.",

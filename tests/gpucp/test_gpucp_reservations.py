@@ -306,7 +306,7 @@ def test_cancel_before_the_window_releases_it(gpucp: Gpucp):
     assert reservation.state == "cancelled" and not reservation.allocations.filter(active=True).exists()
     again = gpucp("cancel", detail["id"])
     assert again.exit_code == 1
-    assert "A cancelled reservation cannot be cancelled. (invalid_state)" in again.stderr
+    assert "A cancelled reservation cannot be cancelled: it is in state cancelled" in again.stderr
 
 
 def test_cancel_during_the_window_ends_it_now(gpucp: Gpucp):

@@ -47,7 +47,13 @@ def _variants(rng: random.Random, proj: Any) -> dict[str, Any]:
     """A request body with each part drawn mostly from valid values, else from invalid ones of every kind."""
     start = timezone.now() + timedelta(minutes=rng.choice([1, 90]))
     end = start + timedelta(hours=2)
-    iso = [start.isoformat(), start.isoformat().replace("+00:00", "Z"), start.strftime("%Y-%m-%dT%H:%M"), "now"]
+    berlin = timezone.get_fixed_timezone(120)
+    iso = [
+        start.isoformat(),
+        start.isoformat().replace("+00:00", "Z"),
+        start.astimezone(berlin).isoformat(timespec="minutes"),
+        "now",
+    ]
 
     def pick(valid: list[Any], invalid: list[Any]) -> Any:
         return rng.choice(valid if rng.random() < 0.9 else invalid)
@@ -66,7 +72,9 @@ def _variants(rng: random.Random, proj: Any) -> dict[str, Any]:
         "name": pick(["train", "  padded  ", "x" * 120, "tab\there"], ["", "   ", "x" * 121, 5, None, "a\x00b"]),
         "spec": spec,
         "window": {
-            "start": pick([*iso, " NOW "], ["yesterday", 12, None, "2020-01-01T00:00:00Z"]),
+            "start": pick(
+                [*iso, " NOW "], ["yesterday", 12, None, "2020-01-01T00:00:00Z", start.strftime("%Y-%m-%dT%H:%M")]
+            ),
             "end": pick([end.isoformat()], ["2020-01-01T00:00:00Z", "", None, start.isoformat()]),
         },
         "container": {

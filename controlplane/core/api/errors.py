@@ -25,6 +25,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from controlplane.core.api.parsers import field_label
 from controlplane.core.errors import DomainError
 
 
@@ -129,11 +130,21 @@ def handler403(request: HttpRequest, exception: Exception | None = None) -> Http
     return status_error(403)
 
 
+def not_found_body(path: str) -> dict[str, Any]:
+    """The 404 of a path that matches nothing and of an object that is not yours: the same words, naming only
+    the path the caller sent, so the two read alike."""
+    label = field_label(path)
+    return error_body(
+        "not_found",
+        f"Nothing at {label}: no such endpoint, or no such object among yours.",
+        {"path": [f"Not found: {label}"]},
+    )
+
+
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    # The same body as a DRF view's 404: an unknown path and an object that is not yours read alike.
     if not is_api_path(request.path):
         return defaults.page_not_found(request, exception)  # type: ignore[arg-type]
-    return status_error(404)
+    return error_response(not_found_body(request.path), 404)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
@@ -161,7 +172,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, SuspiciousOperation):
         # Too many form fields or files, a malformed multipart body: the request's fault, never a 500.
         return Response(error_body("bad_request", str(exc)), status=status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, Http404):
+    request = context.get("request")
+    if isinstance(exc, Http404) or (
+        isinstance(exc, exceptions.NotFound) and exc.detail == exceptions.NotFound.default_detail
+    ):
+        # A view's bare 404 (get_object, a filter) reads as the 404 of a path that matches nothing.
+        if request is not None:
+            return Response(not_found_body(request.path), status=status.HTTP_404_NOT_FOUND)
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()

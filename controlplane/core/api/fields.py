@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import models
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 
@@ -51,3 +55,26 @@ class SlugRelatedFieldSchema(OpenApiSerializerFieldExtension):
         if limit is not None and schema.get("type") == "string" and "format" not in schema:
             schema["maxLength"] = limit
         return schema
+
+
+NAIVE_MESSAGE = "This date-time has no time zone: add Z or an offset, e.g. 2026-05-01T14:00:00Z."
+
+
+@extend_schema_field({"type": "string", "format": "date-time", "example": "2026-05-01T14:00:00Z"})
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 date-time that says its time zone. DRF would read one without as the server's zone (UTC)
+    and book an hour or more off for anyone who is not in UTC; refusing it is the only safe reading."""
+
+    default_error_messages = {**serializers.DateTimeField.default_error_messages, "naive": NAIVE_MESSAGE}
+
+    def to_internal_value(self, value: Any) -> datetime:
+        if isinstance(value, str):
+            try:
+                parsed = parse_datetime(value.strip())
+            except ValueError:
+                parsed = None
+            if parsed is not None and parsed.tzinfo is None:
+                self.fail("naive")
+        elif isinstance(value, datetime) and timezone.is_naive(value):
+            self.fail("naive")
+        return super().to_internal_value(value)

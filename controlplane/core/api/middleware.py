@@ -9,8 +9,13 @@ Before anything reads the request (the idempotency middleware hashes the body, a
 - a path or a query parameter holding a NUL character is a 400 naming the parameter: PostgreSQL refuses NUL
   in text, so a slug in the path or a ``?gpu_model=`` filter with one would fail in the database as a 500.
 
+- a POST, PUT or PATCH with a body and no Content-Type is read as JSON when its body is JSON (``curl
+  --data`` without ``-H``, a script that forgot the header); otherwise it is a 415 naming the header, rather
+  than a form whose every field reads as missing.
+
 After: an error page Django wrote itself (under DEBUG, or from a middleware) is answered in the API's one
-error shape instead, with its status; DRF's own responses are left alone.
+error shape instead, with its status; so is a DRF error that a browser was given as the browsable API's HTML
+page. DRF's JSON (and other) responses are left alone.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from rest_framework.exceptions import ParseError, ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from controlplane.core.api.errors import error_body, error_response, is_api_path, status_error, too_large_body
-from controlplane.core.api.parsers import field_label, text_problem
+from controlplane.core.api.parsers import field_label, parse_json, text_problem
 
 AGENT_PREFIX = "/api/v1/agent/"
 # Headers of an error page that still mean something on its JSON replacement.
@@ -34,6 +41,31 @@ def declared_length(request: HttpRequest) -> int:
         return max(0, int(request.META.get("CONTENT_LENGTH") or 0))
     except ValueError:
         return 0
+
+
+_BODY_METHODS = ("POST", "PUT", "PATCH")
+MISSING_CONTENT_TYPE = (
+    "The body has no Content-Type header and is not JSON: send Content-Type: application/json with a JSON body."
+)
+
+
+def _untyped_body(request: HttpRequest) -> HttpResponse | None:
+    """Read an untyped body as JSON when it is JSON; a 415 naming the header when it is not."""
+    if request.method not in _BODY_METHODS or request.META.get("CONTENT_TYPE") or not declared_length(request):
+        return None
+    try:
+        # The parser the view will use, so "is JSON" means the same here and there; a refusal it would give
+        # for a JSON body (too deep, a NUL) is still JSON and is left to the view to word.
+        parse_json(request.body)
+    except ParseError:
+        return error_response(
+            error_body("unsupported_media_type", MISSING_CONTENT_TYPE, {"Content-Type": ["This header is required."]}),
+            415,
+        )
+    except ValidationError:
+        pass  # JSON the parser refuses for its content (too deep, a NUL): the view's parser words it
+    request.META["CONTENT_TYPE"] = "application/json"
+    return None
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
@@ -48,14 +80,25 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
         if problem:
             name = field_label(key)
             return error_response(error_body("validation_error", f"{name}: {problem}", {name: [problem]}), 400)
-    return None
+    return _untyped_body(request)
 
 
 def _in_shape(response: HttpResponse) -> HttpResponse:
-    if response.status_code < 400 or isinstance(response, Response) or response.streaming:
+    if response.status_code < 400 or response.streaming:
         return response
     if response.get("Content-Type", "").startswith("application/json"):
         return response
+    if isinstance(response, Response):
+        if not response.get("Content-Type", "").startswith("text/html") or not isinstance(response.data, dict):
+            return response  # a CSV report's error, say: its renderer chose that on purpose
+        # The browsable API's page for an error: a browser reading /api/ sees the error itself.
+        replacement = HttpResponse(
+            JSONRenderer().render(response.data), status=response.status_code, content_type="application/json"
+        )
+        for header in _KEPT_HEADERS:
+            if header in response:
+                replacement[header] = response[header]
+        return replacement
     replacement = status_error(response.status_code)
     for header in _KEPT_HEADERS:
         if header in response:

@@ -14,10 +14,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.accounts.selectors import projects_visible_to
-from controlplane.core.api.fields import SlugRelatedField
+from controlplane.core.api.fields import AwareDateTimeField
 from controlplane.inventory.choices import ServerState
-from controlplane.inventory.models import Gpu, GpuModel, Server
-from controlplane.reservations.api.fields import StartField
+from controlplane.inventory.models import Gpu, Server
+from controlplane.reservations.api.fields import GpuModelField, StartField
 from controlplane.reservations.api.serializers import SpecSerializer, spec_from
 from controlplane.reservations.models import Reservation
 from controlplane.reservations.selectors import free_for, timeline
@@ -29,7 +29,7 @@ MAX_TIMELINE_DAYS = 62
 
 class FreeQuerySerializer(SpecSerializer):
     start = StartField(help_text='ISO 8601, or "now".')
-    end = serializers.DateTimeField()
+    end = AwareDateTimeField()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
@@ -47,13 +47,13 @@ class EarliestQuerySerializer(SpecSerializer):
 
 class TimelineQuerySerializer(serializers.Serializer):
     start = StartField()
-    end = serializers.DateTimeField()
+    end = AwareDateTimeField()
     server = serializers.CharField(
         required=False,
         max_length=Server._meta.get_field("hostname").max_length,
         help_text="Only this server (hostname).",
     )
-    gpu_model = SlugRelatedField(slug_field="name", queryset=GpuModel.objects.all(), required=False)
+    gpu_model = GpuModelField(required=False)
     limit = serializers.IntegerField(min_value=1, max_value=1000, default=200, help_text="GPUs per page.")
     offset = serializers.IntegerField(min_value=0, default=0)
 

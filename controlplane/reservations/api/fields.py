@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Any
@@ -11,12 +12,15 @@ from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField
+from controlplane.inventory.models import GpuModel
+
 START_MAX = 64
 
 
 @extend_schema_field({"type": "string", "maxLength": START_MAX})
-class StartField(serializers.DateTimeField):
-    """An ISO 8601 date-time, or the word ``now``."""
+class StartField(AwareDateTimeField):
+    """An ISO 8601 date-time with its time zone, or the word ``now``."""
 
     def to_internal_value(self, value: Any) -> datetime:
         if isinstance(value, str) and value.strip().lower() == "now":
@@ -79,3 +83,28 @@ class EnvFieldSchema(OpenApiSerializerFieldExtension):
         schema["maxProperties"] = self.target.max_items
         schema["propertyNames"] = {"pattern": f"^{ENV_NAME.pattern}$", "maxLength": self.target.name_max}
         return schema
+
+
+class GpuModelField(SlugRelatedField):
+    """A catalog GPU model by name, in any case (``h100-80gb``); an unknown name is refused with the names
+    there are, so a typo is fixed from the error alone."""
+
+    default_error_messages = {
+        **SlugRelatedField.default_error_messages,
+        "unknown": "No GPU model named {value}. Valid names: {names}.",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(slug_field="name", queryset=GpuModel.objects.all(), **kwargs)
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError:
+            if not isinstance(data, str) or len(data) > (self.max_length() or len(data)):
+                raise
+        matches = list(GpuModel.objects.filter(name__iexact=data)[:2])
+        if len(matches) == 1:
+            return matches[0]
+        names = ", ".join(GpuModel.objects.order_by("name").values_list("name", flat=True)) or "(none yet)"
+        self.fail("unknown", value=json.dumps(data), names=names)

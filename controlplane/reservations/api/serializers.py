@@ -9,10 +9,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.accounts.models import Project
-from controlplane.core.api.fields import SlugRelatedField
-from controlplane.inventory.models import GpuModel
+from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField
 from controlplane.reservations import hooks
-from controlplane.reservations.api.fields import ENV_NAME, EnvField, StartField, StrictStringField
+from controlplane.reservations.api.fields import ENV_NAME, EnvField, GpuModelField, StartField, StrictStringField
 from controlplane.reservations.choices import NetworkMode
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
@@ -38,13 +37,7 @@ _REASON_MAX = 1000
 class SpecSerializer(serializers.Serializer):
     """What to book: a GPU model or a minimum memory; a GPU count or a number of whole servers."""
 
-    gpu_model = SlugRelatedField(
-        slug_field="name",
-        queryset=GpuModel.objects.all(),
-        required=False,
-        allow_null=True,
-        help_text="Catalog name, e.g. H100-80GB.",
-    )
+    gpu_model = GpuModelField(required=False, allow_null=True, help_text="Catalog name, e.g. H100-80GB; any case.")
     min_memory_mib = serializers.IntegerField(min_value=1, max_value=_MEMORY_MAX_MIB, required=False, allow_null=True)
     gpu_count = serializers.IntegerField(min_value=1, max_value=_GPU_COUNT_MAX, required=False, allow_null=True)
     whole_servers = serializers.IntegerField(min_value=1, max_value=_WHOLE_SERVERS_MAX, required=False, allow_null=True)
@@ -72,10 +65,9 @@ def spec_from(data: dict[str, Any]) -> GpuSpec:
 
 class WindowSerializer(serializers.Serializer):
     start = StartField(help_text='ISO 8601, or "now".')
-    end = serializers.DateTimeField()
+    end = AwareDateTimeField()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        from django.utils import timezone
 
         errors = {}
         if attrs["end"] <= attrs["start"]:
@@ -188,8 +180,25 @@ class ReservationReasonSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=_REASON_MAX, required=False, allow_blank=True, default="")
 
 
+class ExtendWindowSerializer(serializers.Serializer):
+    end = AwareDateTimeField(help_text="The new end; later than the current one.")
+
+
 class ExtendSerializer(ReservationReasonSerializer):
-    ends_at = serializers.DateTimeField(help_text="The new end; later than the current one.")
+    """The new end, as `ends_at` or in the booking's own form, `{"window": {"end": ...}}`; one of them."""
+
+    ends_at = AwareDateTimeField(required=False, help_text="The new end; later than the current one.")
+    window = ExtendWindowSerializer(required=False, help_text='The same, as a booking gives it: {"end": ...}.')
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        window = attrs.pop("window", None)
+        if window is not None and "ends_at" in attrs:
+            raise serializers.ValidationError({"ends_at": ["Give ends_at or window.end, not both."]})
+        if window is not None:
+            attrs["ends_at"] = window["end"]
+        if "ends_at" not in attrs:
+            raise serializers.ValidationError({"ends_at": ["The new end is required: ends_at or window.end."]})
+        return attrs
 
 
 class SpecOutSerializer(serializers.Serializer):
@@ -292,7 +301,7 @@ class ReservationDetailSerializer(ReservationSerializer):
 # is built by ``reservation_detail``, which gives what ReservationDetailSerializer gives (a test compares them).
 
 _START = StartField()
-_END = serializers.DateTimeField()
+_END = AwareDateTimeField()
 _AT = serializers.DateTimeField()
 _SURROGATES = re.compile("[\ud800-\udfff]")
 

@@ -6,6 +6,7 @@ from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import MethodNotAllowed
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -51,6 +52,15 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
                 "events",
             )
         return qs
+
+    def http_method_not_allowed(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # DELETE is what most APIs call cancelling; here it is a command with a reason, so say where it is.
+        if request.method == "DELETE" and "id" in kwargs:
+            cancel = f"POST /api/v1/reservations/{kwargs['id']}/cancel/"
+            raise MethodNotAllowed(
+                "DELETE", detail=f"A reservation is not deleted: cancel it with {cancel} (an optional reason)."
+            )
+        return super().http_method_not_allowed(request, *args, **kwargs)
 
     def get_serializer_class(self) -> type:
         return ReservationSerializer if self.action == "list" else ReservationDetailSerializer
