@@ -63,8 +63,12 @@ def test_keys_are_their_users_only(people: People):
         # Keys are personal: another user and an operator alike get the 404 of a key that does not exist.
         client = people.client(user)
         assert client.get(URL).json()["count"] == 0
-        not_yours = client.get(detail)
-        assert not_yours.status_code == 404 and not_yours.content == client.get(f"{URL}999999/").content
+        not_yours, missing = client.get(detail), client.get(f"{URL}999999/")
+        # A 404 names the path it was asked for; with that set aside, the bytes are the same.
+        assert not_yours.status_code == 404
+        assert not_yours.content.replace(detail.encode(), b"<path>") == missing.content.replace(
+            f"{URL}999999/".encode(), b"<path>"
+        )
         assert client.delete(detail).status_code == 404
     anonymous = people.client(None)
     assert anonymous.get(URL).status_code == 401 and anonymous.get(detail).status_code == 401
