@@ -270,8 +270,11 @@ def test_worker_holding_an_eta_task_rides_out_a_redis_outage_and_the_task_still_
             watch(worker, lambda: state(later) == ReservationState.STARTING, timeout=45, what="the ETA task")
             eta_late_s = (timezone.now() - later.starts_at).total_seconds()
             print(f"worker: new task ran {caught_up_s:.1f} s after Redis returned; ETA task {eta_late_s:.1f} s late")
+            # The task's commit makes the state visible before the worker logs the task's end: wait for the line.
+            done = f"open_reservation[{eta_task_id}] succeeded"
+            watch(worker, lambda: done in worker.log(), timeout=10, what="the ETA task's end in the log")
             log = worker.log()
-            assert log.count(f"open_reservation[{eta_task_id}] succeeded") == 1, log[-4000:]
+            assert log.count(done) == 1, log[-4000:]
             assert Launch.objects.filter(reservation=later).count() == 1
             assert "Unrecoverable error" not in log and worker.process.poll() is None
 
