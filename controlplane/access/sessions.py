@@ -7,6 +7,7 @@ The agent's gateway reports each session twice, as it opens and as it closes, in
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -82,8 +83,6 @@ def sessions_reported(server: Server, events: Sequence[AgentEvent], now: datetim
 
 
 def _is_uuid(value: str) -> bool:
-    import uuid
-
     try:
         uuid.UUID(value)
     except ValueError:
