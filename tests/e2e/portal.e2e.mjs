@@ -1,34 +1,14 @@
-// End-to-end walk through the portal in headless Chromium (Debian's /usr/bin/chromium, driven by
-// playwright-core; no browser is ever downloaded). Run by tests/e2e/test_portal.py against a running system.
-//
-// Environment: PORTAL_URL, TENANT_USER/TENANT_PASSWORD, OPERATOR_USER/OPERATOR_PASSWORD, ARTIFACTS_DIR,
-// CHROMIUM (default /usr/bin/chromium), START_TIMEOUT_S (how long to wait for a booking to run).
+// The main walk through the portal in headless Chromium: a tenant books, watches and cancels; an operator
+// drains a server. Run by tests/e2e/test_portal.py against a running system; what it shares with the other
+// scripts (the browser, sign-in, screenshots, axe) is in lib.mjs.
 
 import { generateKeyPairSync } from "node:crypto";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { createRequire } from "node:module";
-import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const frontend = resolve(here, "../../frontend");
-const { chromium } = createRequire(join(frontend, "package.json"))("playwright-core");
+import { ARTIFACTS, BASE, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
 
-const BASE = process.env.PORTAL_URL ?? "http://127.0.0.1:8000";
-const ARTIFACTS = resolve(process.env.ARTIFACTS_DIR ?? resolve(here, "../../test-artifacts"));
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
-const tenant = { user: process.env.TENANT_USER ?? "alice", password: process.env.TENANT_PASSWORD };
-const operator = { user: process.env.OPERATOR_USER ?? "operator", password: process.env.OPERATOR_PASSWORD };
-
-mkdirSync(ARTIFACTS, { recursive: true });
-const profile = mkdtempSync(join(tmpdir(), "portal-e2e-"));
-
-const steps = [];
-function step(name) {
-  steps.push(name);
-  console.log(`e2e | ${name}`);
-}
 
 /** A fresh ed25519 public key in OpenSSH's one-line form: the key type and the public bytes, each length-prefixed. */
 function sshPublicKey(comment) {
@@ -41,264 +21,210 @@ function sshPublicKey(comment) {
   return `ssh-ed25519 ${Buffer.concat([part(Buffer.from("ssh-ed25519")), part(raw)]).toString("base64")} ${comment}`;
 }
 
-async function shot(page, name) {
-  await page.waitForTimeout(300); // let charts finish their entry animation
-  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
-}
+await run("portal", async (page) => {
+  // --- tenant ---------------------------------------------------------------------------------------
+  step("a signed-out visitor is sent to the sign-in page");
+  await page.goto(`${BASE}/availability`);
+  await page.waitForURL(/\/login\?next=/);
+  await shot(page, "01-login");
 
-async function signIn(page, who) {
-  await page.goto(`${BASE}/`);
-  await page.waitForURL(/\/login/);
-  await page.getByLabel("Username").fill(who.user);
-  await page.getByLabel("Password").fill(who.password);
+  step("a wrong password is refused in words");
+  await page.getByLabel("Username").fill(tenant.user);
+  await page.getByLabel("Password").fill("not-the-password");
   await page.getByRole("button", { name: "Sign in" }).click();
-  await page.getByTestId("signed-in-as").waitFor();
-}
+  await page.getByRole("alert").waitFor();
 
-async function signOut(page) {
-  await page.getByRole("button", { name: "Sign out" }).click();
-  await page.waitForURL(/\/login/);
-}
+  step("the tenant signs in and sees the dashboard");
+  await signIn(page, tenant);
+  await page.goto(`${BASE}/`);
+  await page.getByTestId("project-demo").waitFor();
+  const projectCard = await page.getByTestId("project-demo").innerText();
+  expect(/credits/.test(projectCard), `project card shows credits: ${projectCard}`);
+  await shot(page, "02-dashboard");
 
-function expect(cond, message) {
-  if (!cond) throw new Error(message);
-}
+  step("availability shows the timeline and the quota effect");
+  await page.getByRole("link", { name: "Book GPUs" }).first().click();
+  await page.getByTestId("timeline").waitFor();
+  await page.getByLabel("GPUs", { exact: true }).fill("2");
+  await page.getByLabel("Start now").check();
+  await page.getByTestId("free-line").waitFor();
+  const effect = await page.getByTestId("quota-effect").innerText();
+  expect(/credits/.test(effect) && /Balance/.test(effect), `quota effect is shown: ${effect}`);
+  await shot(page, "03-availability");
 
-async function main() {
-  // A fresh --user-data-dir per run: Playwright takes it as the persistent context's directory.
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-    headless: true,
-    args: [
-      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    ],
-    viewport: { width: 1366, height: 900 },
-    acceptDownloads: true,
-    timezoneId: "UTC",
-  });
-  context.setDefaultTimeout(20_000);
-  const page = await context.newPage();
-  const consoleErrors = [];
-  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  step("an impossible booking is refused with the server's reason");
+  await page.getByLabel("GPUs", { exact: true }).fill("4000");
+  await page.getByRole("button", { name: /^Book 4000 GPUs/ }).click();
+  const refusal = await page.getByTestId("book-error").innerText();
+  expect(refusal.length > 25, `refusal says why: ${refusal}`);
+  await shot(page, "04-booking-refused");
 
-  try {
-    // --- tenant ---------------------------------------------------------------------------------------
-    step("a signed-out visitor is sent to the sign-in page");
-    await page.goto(`${BASE}/availability`);
-    await page.waitForURL(/\/login\?next=/);
-    await shot(page, "01-login");
+  step("the tenant books 2 GPUs starting now");
+  await page.getByLabel("GPUs", { exact: true }).fill("2");
+  await page.getByLabel(/^Name/).fill("e2e run");
+  await page.getByRole("button", { name: /^Book 2 GPUs/ }).click();
+  await page.waitForURL(/\/reservations\/[0-9a-f-]{36}$/);
+  const runningUrl = page.url();
 
-    step("a wrong password is refused in words");
-    await page.getByLabel("Username").fill(tenant.user);
-    await page.getByLabel("Password").fill("not-the-password");
-    await page.getByRole("button", { name: "Sign in" }).click();
-    await page.getByRole("alert").waitFor();
-
-    step("the tenant signs in and sees the dashboard");
-    await signIn(page, tenant);
-    await page.goto(`${BASE}/`);
-    await page.getByTestId("project-demo").waitFor();
-    const projectCard = await page.getByTestId("project-demo").innerText();
-    expect(/credits/.test(projectCard), `project card shows credits: ${projectCard}`);
-    await shot(page, "02-dashboard");
-
-    step("availability shows the timeline and the quota effect");
-    await page.getByRole("link", { name: "Book GPUs" }).first().click();
-    await page.getByTestId("timeline").waitFor();
-    await page.getByLabel("GPUs", { exact: true }).fill("2");
-    await page.getByLabel("Start now").check();
-    await page.getByTestId("free-line").waitFor();
-    const effect = await page.getByTestId("quota-effect").innerText();
-    expect(/credits/.test(effect) && /Balance/.test(effect), `quota effect is shown: ${effect}`);
-    await shot(page, "03-availability");
-
-    step("an impossible booking is refused with the server's reason");
-    await page.getByLabel("GPUs", { exact: true }).fill("4000");
-    await page.getByRole("button", { name: /^Book 4000 GPUs/ }).click();
-    const refusal = await page.getByTestId("book-error").innerText();
-    expect(refusal.length > 25, `refusal says why: ${refusal}`);
-    await shot(page, "04-booking-refused");
-
-    step("the tenant books 2 GPUs starting now");
-    await page.getByLabel("GPUs", { exact: true }).fill("2");
-    await page.getByLabel(/^Name/).fill("e2e run");
-    await page.getByRole("button", { name: /^Book 2 GPUs/ }).click();
-    await page.waitForURL(/\/reservations\/[0-9a-f-]{36}$/);
-    const runningUrl = page.url();
-
-    step("the reservation starts and its container reports");
-    await page.getByTestId("state-badge").first().waitFor();
-    const deadline = Date.now() + START_TIMEOUT_MS;
-    let state = "";
-    while (Date.now() < deadline) {
-      state = (await page.getByTestId("state-badge").first().innerText()).toLowerCase();
-      if (state === "running") break;
-      await page.waitForTimeout(2000);
-    }
-    expect(state === "running", `reservation reached running (last seen: ${state})`);
-    await page.locator('[data-testid="launches"], [data-testid="not-available"]').first().waitFor();
-
-    step("the Connect panel gives the ssh command and the gateway's known_hosts line; the log panel follows");
-    const connect = page.getByTestId("connect-panel");
-    await connect.waitFor();
-    // With a Docker engine the demo agents run SSH gateways; without one the panel says there is none.
-    await page.waitForFunction(() => {
-      const panel = document.querySelector('[data-testid="connect-panel"]');
-      return panel && (panel.getAttribute("data-ready") === "yes" || /no SSH gateway/.test(panel.textContent || ""));
-    }, null, { timeout: 30_000 });
-    if ((await connect.getAttribute("data-ready")) === "yes") {
-      const command = await connect.getByLabel("SSH command", { exact: true }).innerText();
-      expect(/^ssh -p \d+ [0-9a-f-]{36}@\S+$/.test(command), `an ssh command is shown: ${command}`);
-      const known = await connect.getByLabel("known_hosts line", { exact: true }).innerText();
-      expect(/^\[\S+\]:\d+ ssh-ed25519 AAAA/.test(known), `a known_hosts line is shown: ${known}`);
-      await connect.getByRole("button", { name: "Copy the SSH command" }).waitFor();
-      console.log(`e2e | connect: ${command}`);
-    } else {
-      console.log("e2e | connect: this system runs no SSH gateway (no Docker engine), as the panel says");
-    }
-    await page.getByRole("log").waitFor();
-
-    step("the tenant sees live utilization, memory and power charts of her GPUs");
-    await page.getByTestId("telemetry-charts").waitFor({ timeout: 60_000 });
-    await page.waitForFunction(() => {
-      const charts = [...document.querySelectorAll('[data-testid^="telemetry-chart-"]')];
-      return charts.some((c) => Number(c.getAttribute("data-points")) > 0 && c.querySelector(".recharts-line"));
-    }, null, { timeout: 60_000 });
-    await page.waitForTimeout(7000); // two more polls: the charts move, the log tail grows
-    const points = await page.locator('[data-testid^="telemetry-chart-"]').evaluateAll((charts) =>
-      Object.fromEntries(charts.map((c) => [c.getAttribute("data-testid"), Number(c.getAttribute("data-points"))])),
-    );
-    expect(points["telemetry-chart-util"] > 0, `the utilization chart has points: ${JSON.stringify(points)}`);
-    // The demo fleet is simulated, and the page says so beside the figures.
-    await page.getByTestId("telemetry-simulated").waitFor();
-    await shot(page, "05-reservation-running");
-    await page.getByTestId("telemetry-charts").screenshot({ path: join(ARTIFACTS, "05b-telemetry-charts.png") });
-
-    step("the tenant releases the running reservation");
-    await page.getByRole("button", { name: "Release now" }).click();
-    await page.waitForFunction(() => {
-      const b = document.querySelector('[data-testid="state-badge"]');
-      return b && !["running", "starting"].includes(b.textContent.trim().toLowerCase());
-    }, null, { timeout: 60_000 });
-
-    step("a future booking, made with the keyboard only, is cancelled");
-    await page.goto(`${BASE}/availability`);
-    await page.getByTestId("timeline").waitFor();
-    const startField = page.getByLabel("Start", { exact: true });
-    const startBefore = await startField.inputValue();
-    await page.getByTestId("timeline-pick").focus();
-    await page.keyboard.press("ArrowRight");
-    await page.keyboard.press("ArrowRight");
-    const startPicked = await startField.inputValue();
-    expect(startPicked !== "" && startPicked !== startBefore, `arrow keys on the timeline move the start: ${startBefore} -> ${startPicked}`);
-    await page.getByLabel("GPUs", { exact: true }).focus();
-    await page.keyboard.press("ControlOrMeta+A");
-    await page.keyboard.type("1");
-    await page.getByLabel(/^Name/).focus();
-    await page.keyboard.type("e2e later");
-    await page.keyboard.press("Enter"); // submits the booking form
-    await page.waitForURL(/\/reservations\/[0-9a-f-]{36}$/);
-    expect(page.url() !== runningUrl, "a second reservation was made");
-    await page.getByRole("button", { name: "Cancel reservation" }).click();
-    await page.getByText("cancelled", { exact: true }).first().waitFor();
-    await shot(page, "06-reservation-cancelled");
-
-    step("usage report and CSV download");
-    await page.getByRole("link", { name: "Usage" }).click();
-    const csvLink = page.getByTestId("csv-download");
-    const notAvailable = page.getByTestId("not-available");
-    await csvLink.or(notAvailable).first().waitFor();
-    if (await csvLink.count()) {
-      const [download] = await Promise.all([page.waitForEvent("download"), csvLink.click()]);
-      const saved = join(ARTIFACTS, "usage.csv");
-      await download.saveAs(saved);
-      const csv = readFileSync(saved, "utf8");
-      expect(/gpu_hours/.test(csv.split("\n")[0]), `CSV has a header row: ${csv.slice(0, 200)}`);
-    } else {
-      console.log("e2e | usage report not available on this server: shown as such");
-    }
-    await shot(page, "07-usage");
-
-    step("API tokens: create (shown once) and revoke");
-    await page.getByRole("link", { name: "API tokens" }).click();
-    await page.getByLabel("Name").fill("e2e script");
-    await page.getByRole("button", { name: "Create token" }).click();
-    await page.getByTestId("new-token").waitFor();
-    await shot(page, "08-tokens");
-    await page.getByRole("button", { name: "Revoke token e2e script" }).first().click();
-    await page.getByText("revoked").first().waitFor();
-
-    step("SSH keys: a private key refused, a public key added with its fingerprint, then deleted");
-    await page.getByRole("link", { name: "SSH keys" }).click();
-    // The page loads lazily: until its form is there, "Name" is still the tokens page's field.
-    const keyForm = page.getByRole("form", { name: "New SSH key" });
-    await keyForm.waitFor();
-    await keyForm.getByLabel("Name").fill("e2e laptop");
-    await keyForm.getByLabel("Public key").fill("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----");
-    await page.getByRole("button", { name: "Add key" }).click();
-    await page.getByText("This is a private key").waitFor();
-    await keyForm.getByLabel("Public key").fill(sshPublicKey("e2e@portal"));
-    await page.getByRole("button", { name: "Add key" }).click();
-    await page.getByTestId("added-key").waitFor();
-    await page.getByRole("cell", { name: /^SHA256:/ }).first().waitFor();
-    await shot(page, "08b-ssh-keys");
-    await page.getByRole("button", { name: "Delete key e2e laptop" }).click();
-    await page.getByRole("button", { name: "Delete key", exact: true }).click();
-    await page.getByText("You have no SSH keys.").waitFor();
-
-    step("phone width still works");
-    await page.setViewportSize({ width: 390, height: 844 });
-    await page.goto(`${BASE}/`);
-    await page.getByTestId("project-demo").waitFor();
-    await shot(page, "09-dashboard-phone");
-    await page.getByRole("button", { name: "Toggle navigation" }).click();
-    await page.getByRole("link", { name: "Usage" }).waitFor();
-    await page.setViewportSize({ width: 1366, height: 900 });
-
-    step("tenants do not see operator pages");
-    expect((await page.getByRole("link", { name: "Fleet health" }).count()) === 0, "no fleet link for tenants");
-    await signOut(page);
-
-    // --- operator -------------------------------------------------------------------------------------
-    step("the operator signs in and sees fleet health");
-    await signIn(page, operator);
-    await page.goto(`${BASE}/fleet`);
-    await page.getByTestId("heatmap").waitFor();
-    await page.getByText("simulated").first().waitFor();
-    await shot(page, "10-fleet");
-
-    step("the operator drains a server");
-    const row = page.locator('[data-testid^="server-"]').filter({ has: page.getByRole("button", { name: "Drain" }) }).first();
-    const host = (await row.getAttribute("data-testid")).replace("server-", "");
-    await row.getByRole("button", { name: "Drain" }).click();
-    await page.getByLabel("Reason").fill("e2e: firmware update");
-    await page.getByRole("dialog").getByRole("button", { name: "Drain" }).click();
-    await page.getByTestId(`server-${host}`).getByText("draining").waitFor();
-    await shot(page, "11-fleet-drained");
-    // Leave the demo fleet as it was found.
-    await page.getByTestId(`server-${host}`).getByRole("button", { name: "Return to ready" }).click();
-    await page.getByLabel("Reason").fill("e2e: done");
-    await page.getByRole("dialog").getByRole("button", { name: "Return to ready" }).click();
-    await page.getByTestId(`server-${host}`).getByText("ready").waitFor();
-
-    step("join tokens");
-    await page.getByRole("link", { name: "Join tokens" }).click();
-    await page.getByLabel("Note").fill("e2e rack 1");
-    await page.getByRole("button", { name: "Create join token" }).click();
-    await page.getByText("Join token created").waitFor();
-    await shot(page, "12-join-tokens");
-
-    expect(consoleErrors.length === 0, `no uncaught errors in the page: ${consoleErrors.join(" | ")}`);
-    console.log(`e2e | PASS (${steps.length} steps); screenshots in ${ARTIFACTS}`);
-  } catch (err) {
-    await page.screenshot({ path: join(ARTIFACTS, "failure.png"), fullPage: true }).catch(() => {});
-    console.error(`e2e | FAIL at step "${steps[steps.length - 1]}": ${err && err.stack ? err.stack : err}`);
-    process.exitCode = 1;
-  } finally {
-    await context.close();
-    rmSync(profile, { recursive: true, force: true });
+  step("the reservation starts and its container reports");
+  await page.getByTestId("state-badge").first().waitFor();
+  const deadline = Date.now() + START_TIMEOUT_MS;
+  let state = "";
+  while (Date.now() < deadline) {
+    state = (await page.getByTestId("state-badge").first().innerText()).toLowerCase();
+    if (state === "running") break;
+    await page.waitForTimeout(2000);
   }
-}
+  expect(state === "running", `reservation reached running (last seen: ${state})`);
+  await page.locator('[data-testid="launches"], [data-testid="not-available"]').first().waitFor();
 
-await main();
+  step("the Connect panel gives the ssh command and the gateway's known_hosts line; the log panel follows");
+  const connect = page.getByTestId("connect-panel");
+  await connect.waitFor();
+  // With a Docker engine the demo agents run SSH gateways; without one the panel says there is none.
+  await page.waitForFunction(() => {
+    const panel = document.querySelector('[data-testid="connect-panel"]');
+    return panel && (panel.getAttribute("data-ready") === "yes" || /no SSH gateway/.test(panel.textContent || ""));
+  }, null, { timeout: 30_000 });
+  if ((await connect.getAttribute("data-ready")) === "yes") {
+    const command = await connect.getByLabel("SSH command", { exact: true }).innerText();
+    expect(/^ssh -p \d+ [0-9a-f-]{36}@\S+$/.test(command), `an ssh command is shown: ${command}`);
+    const known = await connect.getByLabel("known_hosts line", { exact: true }).innerText();
+    expect(/^\[\S+\]:\d+ ssh-ed25519 AAAA/.test(known), `a known_hosts line is shown: ${known}`);
+    await connect.getByRole("button", { name: "Copy the SSH command" }).waitFor();
+    console.log(`e2e | connect: ${command}`);
+  } else {
+    console.log("e2e | connect: this system runs no SSH gateway (no Docker engine), as the panel says");
+  }
+  await page.getByRole("log").waitFor();
+
+  step("the tenant sees live utilization, memory and power charts of her GPUs");
+  await page.getByTestId("telemetry-charts").waitFor({ timeout: 60_000 });
+  await page.waitForFunction(() => {
+    const charts = [...document.querySelectorAll('[data-testid^="telemetry-chart-"]')];
+    return charts.some((c) => Number(c.getAttribute("data-points")) > 0 && c.querySelector(".recharts-line"));
+  }, null, { timeout: 60_000 });
+  await page.waitForTimeout(7000); // two more polls: the charts move, the log tail grows
+  const points = await page.locator('[data-testid^="telemetry-chart-"]').evaluateAll((charts) =>
+    Object.fromEntries(charts.map((c) => [c.getAttribute("data-testid"), Number(c.getAttribute("data-points"))])),
+  );
+  expect(points["telemetry-chart-util"] > 0, `the utilization chart has points: ${JSON.stringify(points)}`);
+  // The demo fleet is simulated, and the page says so beside the figures.
+  await page.getByTestId("telemetry-simulated").waitFor();
+  await shot(page, "05-reservation-running");
+  await page.getByTestId("telemetry-charts").screenshot({ path: join(ARTIFACTS, "05b-telemetry-charts.png") });
+
+  step("the tenant releases the running reservation");
+  await page.getByRole("button", { name: "Release now" }).click();
+  await page.waitForFunction(() => {
+    const b = document.querySelector('[data-testid="state-badge"]');
+    return b && !["running", "starting"].includes(b.textContent.trim().toLowerCase());
+  }, null, { timeout: 60_000 });
+
+  step("a future booking, made with the keyboard only, is cancelled");
+  await page.goto(`${BASE}/availability`);
+  await page.getByTestId("timeline").waitFor();
+  const startField = page.getByLabel("Start", { exact: true });
+  const startBefore = await startField.inputValue();
+  await page.getByTestId("timeline-pick").focus();
+  await page.keyboard.press("ArrowRight");
+  await page.keyboard.press("ArrowRight");
+  const startPicked = await startField.inputValue();
+  expect(startPicked !== "" && startPicked !== startBefore, `arrow keys on the timeline move the start: ${startBefore} -> ${startPicked}`);
+  await page.getByLabel("GPUs", { exact: true }).focus();
+  await page.keyboard.press("ControlOrMeta+A");
+  await page.keyboard.type("1");
+  await page.getByLabel(/^Name/).focus();
+  await page.keyboard.type("e2e later");
+  await page.keyboard.press("Enter"); // submits the booking form
+  await page.waitForURL(/\/reservations\/[0-9a-f-]{36}$/);
+  expect(page.url() !== runningUrl, "a second reservation was made");
+  await page.getByRole("button", { name: "Cancel reservation" }).click();
+  await page.getByText("cancelled", { exact: true }).first().waitFor();
+  await shot(page, "06-reservation-cancelled");
+
+  step("usage report and CSV download");
+  await page.getByRole("link", { name: "Usage" }).click();
+  const csvLink = page.getByTestId("csv-download");
+  const notAvailable = page.getByTestId("not-available");
+  await csvLink.or(notAvailable).first().waitFor();
+  if (await csvLink.count()) {
+    const [download] = await Promise.all([page.waitForEvent("download"), csvLink.click()]);
+    const saved = join(ARTIFACTS, "usage.csv");
+    await download.saveAs(saved);
+    const csv = readFileSync(saved, "utf8");
+    expect(/gpu_hours/.test(csv.split("\n")[0]), `CSV has a header row: ${csv.slice(0, 200)}`);
+  } else {
+    console.log("e2e | usage report not available on this server: shown as such");
+  }
+  await shot(page, "07-usage");
+
+  step("API tokens: create (shown once) and revoke");
+  await page.getByRole("link", { name: "API tokens" }).click();
+  await page.getByLabel("Name").fill("e2e script");
+  await page.getByRole("button", { name: "Create token" }).click();
+  await page.getByTestId("new-token").waitFor();
+  await shot(page, "08-tokens");
+  await page.getByRole("button", { name: "Revoke token e2e script" }).first().click();
+  await page.getByText("revoked").first().waitFor();
+
+  step("SSH keys: a private key refused, a public key added with its fingerprint, then deleted");
+  await page.getByRole("link", { name: "SSH keys" }).click();
+  // The page loads lazily: until its form is there, "Name" is still the tokens page's field.
+  const keyForm = page.getByRole("form", { name: "New SSH key" });
+  await keyForm.waitFor();
+  await keyForm.getByLabel("Name").fill("e2e laptop");
+  await keyForm.getByLabel("Public key").fill("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----");
+  await page.getByRole("button", { name: "Add key" }).click();
+  await page.getByText("This is a private key").waitFor();
+  await keyForm.getByLabel("Public key").fill(sshPublicKey("e2e@portal"));
+  await page.getByRole("button", { name: "Add key" }).click();
+  await page.getByTestId("added-key").waitFor();
+  await page.getByRole("cell", { name: /^SHA256:/ }).first().waitFor();
+  await shot(page, "08b-ssh-keys");
+  await page.getByRole("button", { name: "Delete key e2e laptop" }).click();
+  await page.getByRole("button", { name: "Delete key", exact: true }).click();
+  await page.getByText("You have no SSH keys.").waitFor();
+
+  step("phone width still works");
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto(`${BASE}/`);
+  await page.getByTestId("project-demo").waitFor();
+  await shot(page, "09-dashboard-phone");
+  await page.getByRole("button", { name: "Toggle navigation" }).click();
+  await page.getByRole("link", { name: "Usage" }).waitFor();
+  await page.setViewportSize({ width: 1366, height: 900 });
+
+  step("tenants do not see operator pages");
+  expect((await page.getByRole("link", { name: "Fleet health" }).count()) === 0, "no fleet link for tenants");
+  await signOut(page);
+
+  // --- operator -------------------------------------------------------------------------------------
+  step("the operator signs in and sees fleet health");
+  await signIn(page, operator);
+  await page.goto(`${BASE}/fleet`);
+  await page.getByTestId("heatmap").waitFor();
+  await page.getByText("simulated").first().waitFor();
+  await shot(page, "10-fleet");
+
+  step("the operator drains a server");
+  const row = page.locator('[data-testid^="server-"]').filter({ has: page.getByRole("button", { name: "Drain" }) }).first();
+  const host = (await row.getAttribute("data-testid")).replace("server-", "");
+  await row.getByRole("button", { name: "Drain" }).click();
+  await page.getByLabel("Reason").fill("e2e: firmware update");
+  await page.getByRole("dialog").getByRole("button", { name: "Drain" }).click();
+  await page.getByTestId(`server-${host}`).getByText("draining").waitFor();
+  await shot(page, "11-fleet-drained");
+  // Leave the demo fleet as it was found.
+  await page.getByTestId(`server-${host}`).getByRole("button", { name: "Return to ready" }).click();
+  await page.getByLabel("Reason").fill("e2e: done");
+  await page.getByRole("dialog").getByRole("button", { name: "Return to ready" }).click();
+  await page.getByTestId(`server-${host}`).getByText("ready").waitFor();
+
+  step("join tokens");
+  await page.getByRole("link", { name: "Join tokens" }).click();
+  await page.getByLabel("Note").fill("e2e rack 1");
+  await page.getByRole("button", { name: "Create join token" }).click();
+  await page.getByText("Join token created").waitFor();
+  await shot(page, "12-join-tokens");
+});

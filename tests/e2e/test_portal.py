@@ -26,6 +26,7 @@ from tests.conftest import service_missing
 ROOT = Path(__file__).resolve().parents[2]
 FRONTEND = ROOT / "frontend"
 SCRIPT = Path(__file__).with_name("portal.e2e.mjs")
+ARTIFACTS = ROOT / "test-artifacts" / "portal"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TENANT_PASSWORD = "alice-e2e-password"
 OPERATOR_PASSWORD = "operator-e2e-password"
@@ -137,24 +138,34 @@ def running_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 proc.wait(timeout=10)
 
 
-def test_tenant_books_watches_and_cancels_and_operator_drains(running_system: str) -> None:
-    artifacts = ROOT / "test-artifacts" / "portal"
+def _scripts() -> list[Path]:
+    """The main walk first, then every other browser script beside it (tests/e2e/*.e2e.mjs), by name."""
+    others = sorted(p for p in SCRIPT.parent.glob("*.e2e.mjs") if p != SCRIPT)
+    return [SCRIPT, *others]
+
+
+def _run_script(script: Path, base: str) -> str:
     env = dict(
         os.environ,
-        PORTAL_URL=running_system,
+        PORTAL_URL=base,
         TENANT_USER="alice",
         TENANT_PASSWORD=TENANT_PASSWORD,
         OPERATOR_USER="operator",
         OPERATOR_PASSWORD=OPERATOR_PASSWORD,
-        ARTIFACTS_DIR=str(artifacts),
+        ARTIFACTS_DIR=str(ARTIFACTS),
         CHROMIUM=CHROMIUM,
     )
     done = subprocess.run(
-        ["node", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+        ["node", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
     )
     print(done.stdout)
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    assert "e2e | PASS" in done.stdout
+    assert f"e2e | PASS {script.name.removesuffix('.e2e.mjs')}" in done.stdout
+    return done.stdout
+
+
+def test_tenant_books_watches_and_cancels_and_operator_drains(running_system: str) -> None:
+    _run_script(SCRIPT, running_system)
     for name in (
         "01-login",
         "02-dashboard",
@@ -164,7 +175,13 @@ def test_tenant_books_watches_and_cancels_and_operator_drains(running_system: st
         "07-usage",
         "10-fleet",
     ):
-        assert (artifacts / f"{name}.png").stat().st_size > 10_000, name
+        assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000, name
+
+
+@pytest.mark.parametrize("script", _scripts()[1:], ids=lambda p: p.name.removesuffix(".e2e.mjs"))
+def test_portal_script(running_system: str, script: Path) -> None:
+    """Each further browser script (one per part of the portal) against the same running system."""
+    _run_script(script, running_system)
 
 
 def test_portal_unit_tests_pass() -> None:

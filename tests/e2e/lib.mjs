@@ -1,0 +1,118 @@
+// What every browser script under tests/e2e/ shares: the browser (Debian's Chromium driven by playwright-core;
+// no browser is ever downloaded), signing in and out, screenshots, steps, and the axe-core accessibility check.
+//
+// Environment: PORTAL_URL, TENANT_USER/TENANT_PASSWORD, OPERATOR_USER/OPERATOR_PASSWORD, ARTIFACTS_DIR,
+// CHROMIUM (default /usr/bin/chromium), E2E_TIMEZONE (default UTC).
+
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const frontend = resolve(here, "../../frontend");
+const require = createRequire(join(frontend, "package.json"));
+const { chromium } = require("playwright-core");
+const AXE_SOURCE = require.resolve("axe-core/axe.min.js");
+
+export const BASE = process.env.PORTAL_URL ?? "http://127.0.0.1:8000";
+export const ARTIFACTS = resolve(process.env.ARTIFACTS_DIR ?? resolve(here, "../../test-artifacts"));
+export const tenant = { user: process.env.TENANT_USER ?? "alice", password: process.env.TENANT_PASSWORD };
+export const operator = { user: process.env.OPERATOR_USER ?? "operator", password: process.env.OPERATOR_PASSWORD };
+export const DESKTOP = { width: 1440, height: 900 };
+export const PHONE = { width: 390, height: 844 };
+
+mkdirSync(ARTIFACTS, { recursive: true });
+
+const steps = [];
+export function step(name) {
+  steps.push(name);
+  console.log(`e2e | ${name}`);
+}
+
+export function expect(cond, message) {
+  if (!cond) throw new Error(message);
+}
+
+export async function shot(page, name) {
+  await page.waitForTimeout(300); // let charts finish their entry animation
+  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+}
+
+export async function signIn(page, who) {
+  await page.goto(`${BASE}/`);
+  await page.waitForURL(/\/login/);
+  await page.getByLabel("Username").fill(who.user);
+  await page.getByLabel("Password").fill(who.password);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.getByTestId("signed-in-as").waitFor();
+}
+
+export async function signOut(page) {
+  await page.getByRole("button", { name: "Sign out" }).click();
+  await page.waitForURL(/\/login/);
+}
+
+const axeResults = {};
+
+/**
+ * Runs axe-core on the page as it is now and fails on any critical or serious violation. Every result is kept
+ * (ARTIFACTS_DIR/axe-<script>.json), so the counts per page can be compared across runs.
+ */
+export async function axeCheck(page, name) {
+  if (!(await page.evaluate(() => typeof window.axe !== "undefined"))) await page.addScriptTag({ path: AXE_SOURCE });
+  const result = await page.evaluate(async () => {
+    const r = await window.axe.run(document, { resultTypes: ["violations"] });
+    return r.violations.map((v) => ({
+      id: v.id,
+      impact: v.impact,
+      help: v.help,
+      nodes: v.nodes.slice(0, 5).map((n) => `${n.target.join(" ")}: ${n.failureSummary?.split("\n").slice(0, 2).join(" ")}`),
+      count: v.nodes.length,
+    }));
+  });
+  const counts = { critical: 0, serious: 0, moderate: 0, minor: 0 };
+  for (const v of result) counts[v.impact] = (counts[v.impact] ?? 0) + v.count;
+  axeResults[name] = { counts, violations: result };
+  console.log(`e2e | axe ${name}: ${JSON.stringify(counts)}`);
+  const bad = result.filter((v) => v.impact === "critical" || v.impact === "serious");
+  expect(bad.length === 0, `axe on ${name}: ${bad.map((v) => `${v.impact} ${v.id} (${v.help}): ${v.nodes.join(" | ")}`).join(" || ")}`);
+}
+
+/**
+ * Runs `body(page, context)` in a fresh headless Chromium; prints PASS or FAIL with the step that failed and
+ * sets the exit code. Options: timezoneId (default E2E_TIMEZONE or UTC), viewport, script (a name for artifacts).
+ */
+export async function run(script, body, options = {}) {
+  const profile = mkdtempSync(join(tmpdir(), "portal-e2e-"));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+    viewport: options.viewport ?? DESKTOP,
+    acceptDownloads: true,
+    timezoneId: options.timezoneId ?? process.env.E2E_TIMEZONE ?? "UTC",
+    locale: options.locale ?? "en-US",
+  });
+  context.setDefaultTimeout(20_000);
+  const page = await context.newPage();
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(String(e)));
+  try {
+    await body(page, context);
+    expect(pageErrors.length === 0, `no uncaught errors in the page: ${pageErrors.join(" | ")}`);
+    console.log(`e2e | PASS ${script} (${steps.length} steps); screenshots in ${ARTIFACTS}`);
+  } catch (err) {
+    await page.screenshot({ path: join(ARTIFACTS, `failure-${script}.png`), fullPage: true }).catch(() => {});
+    console.error(`e2e | FAIL ${script} at step "${steps[steps.length - 1]}": ${err && err.stack ? err.stack : err}`);
+    process.exitCode = 1;
+  } finally {
+    writeFileSync(join(ARTIFACTS, `axe-${script}.json`), JSON.stringify(axeResults, null, 2));
+    await context.close();
+    rmSync(profile, { recursive: true, force: true });
+  }
+}
