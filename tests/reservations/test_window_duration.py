@@ -152,6 +152,7 @@ def test_the_schema_states_the_duration(client):
     schema = yaml.safe_load(client.get("/api/v1/schema/").content)
     window = schema["components"]["schemas"]["WindowRequest"]
     assert window["required"] == ["start"]
+    assert window["oneOf"] == [{"required": ["end"]}, {"required": ["duration"]}]
     forms = window["properties"]["duration"]["oneOf"]
     assert {f["type"] for f in forms} == {"string", "integer"}
     import re

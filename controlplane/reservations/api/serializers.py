@@ -5,6 +5,7 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -75,7 +76,7 @@ def spec_from(data: dict[str, Any]) -> GpuSpec:
 class WindowSerializer(serializers.Serializer):
     """When: `start`, and either `end` or `duration` (not both)."""
 
-    start = StartField(help_text='ISO 8601 with a time zone, or "now": the moment the server receives the request.')
+    start = StartField(help_text='ISO 8601 with a time zone, or "now": when the server reads the request.')
     end = AwareDateTimeField(required=False, help_text="The end (exclusive). Give end or duration, not both.")
     duration = DurationField(
         required=False,
@@ -93,6 +94,17 @@ class WindowSerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+
+class WindowSerializerSchema(OpenApiSerializerExtension):
+    """The schema says what validate() does: exactly one of ``end`` and ``duration``."""
+
+    target_class = WindowSerializer
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        schema["oneOf"] = [{"required": ["end"]}, {"required": ["duration"]}]
+        return schema
 
 
 def _window_end(attrs: dict[str, Any]) -> datetime:
