@@ -111,7 +111,7 @@ def canonical_body(request: HttpRequest) -> bytes:
         data = parse_json(raw, (request.content_params or {}).get("charset") or settings.DEFAULT_CHARSET)
     except (APIException, LookupError):
         return raw
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
 def request_fingerprint(request: HttpRequest) -> str:

@@ -81,6 +81,7 @@ def test_same_key_with_another_body_is_422(token):
         b'{\n  "name" :\t"ci"\n}\n',
         b'{"name":"\\u0063i"}',
     ],
+    ids=["spaces", "newlines-and-tabs", "escapes"],
 )
 def test_a_json_body_is_compared_as_parsed_not_as_bytes(token, again):
     """Whitespace, escapes or key order do not make another request: the retry replays."""
@@ -90,6 +91,19 @@ def test_a_json_body_is_compared_as_parsed_not_as_bytes(token, again):
     assert first.status_code == second.status_code == 201
     assert second["Idempotent-Replayed"] == "true"
     assert second.json() == first.json()
+    assert created_tokens(token) == 1
+
+
+def test_non_ascii_json_is_compared_as_parsed_too(token):
+    client = bearer_client(token)
+    raw = rb'{"name": "caf\u00e9 \ud83d\ude80"}'  # JSON's escapes, a surrogate pair among them
+    same = '{"name":"café 🚀"}'.encode()
+    assert (
+        client.post("/api/v1/tokens/", raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k").status_code
+        == 201
+    )
+    again = client.post("/api/v1/tokens/", same, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    assert again["Idempotent-Replayed"] == "true"
     assert created_tokens(token) == 1
 
 
