@@ -241,7 +241,8 @@ else:
     _broker_dir = VAR_DIR / "broker"
     for _sub in ("out", "processed"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    # The host is not used, but without one kombu warns "No hostname was supplied" on every connection.
+    CELERY_BROKER_URL = "filesystem://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),

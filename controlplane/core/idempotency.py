@@ -25,7 +25,8 @@ anything but the truth about the effect:
   polling, for at most ``IDEMPOTENCY_WAIT_S`` (10 s): then it replays the stored response, or runs the
   request itself if the first one failed; if the first is still running, it gets a 409
   ``idempotency_request_in_progress`` and may retry later.
-- The same key with a different method, path or body is a 422 ``idempotency_key_reused``.
+- The same key with a different method, path or body is a 422 ``idempotency_key_reused``. A JSON body is
+  compared as parsed (``canonical_body``): whitespace and key order do not make another request.
 - Records expire after ``IDEMPOTENCY_TTL_S`` (24 h): an expired record is replaced by the next request with
   its key, and ``controlplane.core.tasks.prune_idempotency_records`` deletes the rest.
 - A request with no identity (no Authorization header, no session) has no scope to keep keys apart in, so the
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -50,9 +52,10 @@ from django.conf import settings
 from django.db import Error, connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
+from rest_framework.exceptions import APIException
 
 from controlplane.core.api.errors import error_body
-from controlplane.core.api.parsers import text_problem
+from controlplane.core.api.parsers import parse_json, text_problem
 from controlplane.core.choices import IdempotencyState
 from controlplane.core.db import LOCK_NOT_AVAILABLE, sqlstate
 from controlplane.core.models import IdempotencyRecord
@@ -91,13 +94,33 @@ def caller_scope(request: HttpRequest) -> str | None:
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
+def _is_json(request: HttpRequest) -> bool:
+    """Whether the API reads the body as JSON: a JSON media type, or none at all (parsers.py)."""
+    media_type = request.content_type or ""
+    return media_type in ("", "application/json") or media_type.endswith("+json")
+
+
+def canonical_body(request: HttpRequest) -> bytes:
+    """The body as the request means it: a JSON body as its parsed value written one way (keys sorted, no
+    spaces), so that a retry whose JSON differs only in whitespace or key order is the same request, as
+    Stripe compares parameters rather than bytes. Any other body, or JSON the API refuses, stays as sent."""
+    raw = request.body
+    if not raw or not _is_json(request):
+        return raw
+    try:
+        data = parse_json(raw, (request.content_params or {}).get("charset") or settings.DEFAULT_CHARSET)
+    except (APIException, LookupError):
+        return raw
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
 def request_fingerprint(request: HttpRequest) -> str:
     h = hashlib.sha256()
     h.update(request.method.encode() if request.method else b"")
     h.update(b"\n")
     h.update(request.get_full_path().encode())
     h.update(b"\n")
-    h.update(request.body)
+    h.update(canonical_body(request))
     return h.hexdigest()
 
 

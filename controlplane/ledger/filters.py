@@ -1,5 +1,6 @@
 import django_filters
 
+from controlplane.core.api.filters import AwareIsoDateTimeFilter
 from controlplane.ledger.choices import EntryKind
 from controlplane.ledger.models import LedgerEntry
 
@@ -8,8 +9,8 @@ class LedgerEntryFilter(django_filters.FilterSet):
     project = django_filters.CharFilter(field_name="project__slug", help_text="Project slug.")
     kind = django_filters.MultipleChoiceFilter(choices=EntryKind.choices)
     reservation = django_filters.UUIDFilter(field_name="reservation__public_id")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = AwareIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = AwareIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = LedgerEntry

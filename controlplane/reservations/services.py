@@ -35,7 +35,7 @@ from controlplane.ledger.services import (
     ledger_settle,
     lock_project,
 )
-from controlplane.reservations import hooks
+from controlplane.reservations import capacity, hooks
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
@@ -182,8 +182,7 @@ def _place_and_allocate(
             ]
         gpu_ids = place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
         if gpu_ids is None:
-            what = f"{spec.whole_servers} whole server(s)" if spec.whole_servers else f"{spec.gpu_count} GPU(s)"
-            raise Conflict(f"No {what} matching the spec are free for the whole window.", code="no_capacity")
+            raise capacity.no_capacity(spec, window, now=timezone.now())
         _share_lock_gpus(gpu_ids)
         # Re-read under the lock, in a new statement: a booking that committed since our read is visible now.
         locked, taken = _reread(gpu_ids, window)

@@ -74,6 +74,71 @@ def test_same_key_with_another_body_is_422(token):
     assert created_tokens(token) == 1
 
 
+@pytest.mark.parametrize(
+    "again",
+    [
+        b'{"name": "ci"}',
+        b'{\n  "name" :\t"ci"\n}\n',
+        b'{"name":"\\u0063i"}',
+    ],
+    ids=["spaces", "newlines-and-tabs", "escapes"],
+)
+def test_a_json_body_is_compared_as_parsed_not_as_bytes(token, again):
+    """Whitespace, escapes or key order do not make another request: the retry replays."""
+    client = bearer_client(token)
+    first = client.post("/api/v1/tokens/", b'{"name":"ci"}', content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    second = client.post("/api/v1/tokens/", again, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    assert first.status_code == second.status_code == 201
+    assert second["Idempotent-Replayed"] == "true"
+    assert second.json() == first.json()
+    assert created_tokens(token) == 1
+
+
+def test_non_ascii_json_is_compared_as_parsed_too(token):
+    client = bearer_client(token)
+    raw = rb'{"name": "caf\u00e9 \ud83d\ude80"}'  # JSON's escapes, a surrogate pair among them
+    same = '{"name":"café 🚀"}'.encode()
+    assert (
+        client.post("/api/v1/tokens/", raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k").status_code
+        == 201
+    )
+    again = client.post("/api/v1/tokens/", same, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    assert again["Idempotent-Replayed"] == "true"
+    assert created_tokens(token) == 1
+
+
+def test_key_order_does_not_make_another_request(token):
+    client = bearer_client(token)
+    first = client.post(
+        "/api/v1/tokens/", b'{"name":"ci","expires_at":null}', content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+    )
+    second = client.post(
+        "/api/v1/tokens/",
+        b'{"expires_at": null, "name": "ci"}',
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY="k",
+    )
+    assert first.status_code == 201 and second["Idempotent-Replayed"] == "true"
+    assert created_tokens(token) == 1
+
+
+def test_a_json_equal_body_with_another_value_is_still_422(token):
+    client = bearer_client(token)
+    client.post("/api/v1/tokens/", b'{"name": "ci"}', content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    response = client.post(
+        "/api/v1/tokens/", b'{"name": "ci2"}', content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+    )
+    assert response.status_code == 422
+    assert created_tokens(token) == 1
+
+
+def test_a_form_body_is_still_compared_as_sent(token):
+    client = bearer_client(token)
+    form = "application/x-www-form-urlencoded"
+    assert client.post("/api/v1/tokens/", "name=ci", content_type=form, HTTP_IDEMPOTENCY_KEY="k").status_code == 201
+    assert client.post("/api/v1/tokens/", "name=ci&", content_type=form, HTTP_IDEMPOTENCY_KEY="k").status_code == 422
+
+
 def test_same_key_on_another_path_is_422(token):
     client = bearer_client(token)
     post_token(client, "k-1")

@@ -9,17 +9,22 @@ from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy, Perio
 from controlplane.accounting.models import MonthlyStatement, UsageRecord
 from controlplane.accounting.timeutil import is_on_the_hour, month_start, next_month, utc
 from controlplane.accounts.models import Project
+from controlplane.core.api.fields import NAIVE_MESSAGE
 
 MAX_RANGE = timedelta(days=400)
 
 
 def _as_datetime(value: str, field: str) -> datetime:
+    """A range's bound: an ISO date (a UTC day, as ``date`` is) or a date-time with its time zone."""
     try:
         if len(value) == 10:
             return datetime.combine(date.fromisoformat(value), time(0), tzinfo=UTC)
-        return utc(datetime.fromisoformat(value.replace("Z", "+00:00")))
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
         raise serializers.ValidationError({field: ["Give an ISO 8601 date or date-time on the hour."]}) from exc
+    if parsed.tzinfo is None:
+        raise serializers.ValidationError({field: [NAIVE_MESSAGE]})
+    return utc(parsed)
 
 
 _SLUG_MAX = Project._meta.get_field("slug").max_length

@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.core.api.fields import AwareDateTimeField
 from controlplane.core.errors import NotFound
 from controlplane.fleet.models import GpuTelemetryMinute
 from controlplane.reservations.models import Allocation, Reservation
@@ -118,7 +119,7 @@ def reservation_telemetry(
 
 
 class TelemetryQuerySerializer(serializers.Serializer):
-    since = serializers.DateTimeField(
+    since = AwareDateTimeField(
         required=False,
         help_text="Start of the minute series (ISO 8601); an hour ago by default, at most 24 hours back.",
     )

@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from controlplane.accounts.choices import Role
 from controlplane.accounts.models import ApiToken, Membership, Project
-from controlplane.core.api.fields import SlugRelatedField
+from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField
 
 User = get_user_model()
 # A project's description: free text, shown in the portal.
@@ -74,7 +74,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 class ApiTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    expires_at = AwareDateTimeField(required=False, allow_null=True, default=None)
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):

@@ -5,13 +5,21 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.accounts.models import Project
 from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField
 from controlplane.reservations import hooks
-from controlplane.reservations.api.fields import ENV_NAME, EnvField, GpuModelField, StartField, StrictStringField
+from controlplane.reservations.api.fields import (
+    ENV_NAME,
+    DurationField,
+    EnvField,
+    GpuModelField,
+    StartField,
+    StrictStringField,
+)
 from controlplane.reservations.choices import NetworkMode
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
@@ -63,12 +71,21 @@ def spec_from(data: dict[str, Any]) -> GpuSpec:
     )
 
 
+# The one definition of a valid window in a booking request; the hot path below leaves any window with a
+# ``duration`` to it.
 class WindowSerializer(serializers.Serializer):
-    start = StartField(help_text='ISO 8601, or "now".')
-    end = AwareDateTimeField()
+    """When: `start`, and either `end` or `duration` (not both)."""
+
+    start = StartField(help_text='ISO 8601 with a time zone, or "now": when the server reads the request.')
+    end = AwareDateTimeField(required=False, help_text="The end (exclusive). Give end or duration, not both.")
+    duration = DurationField(
+        required=False,
+        help_text='How long from start: "10m", "2h", "1d", "1h30m", an ISO 8601 duration ("PT10M"), or '
+        "whole seconds (600). Give end or duration, not both.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-
+        attrs["end"] = _window_end(attrs)
         errors = {}
         if attrs["end"] <= attrs["start"]:
             errors["end"] = ["The window must end after it starts."]
@@ -77,6 +94,33 @@ class WindowSerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+
+class WindowSerializerSchema(OpenApiSerializerExtension):
+    """The schema says what validate() does: exactly one of ``end`` and ``duration``."""
+
+    target_class = WindowSerializer
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        schema["oneOf"] = [{"required": ["end"]}, {"required": ["duration"]}]
+        return schema
+
+
+def _window_end(attrs: dict[str, Any]) -> datetime:
+    """The window's end: as given, or its start plus the duration; exactly one of the two."""
+    end, duration = attrs.get("end"), attrs.pop("duration", None)
+    if end is not None and duration is not None:
+        both = "Give window.end or window.duration, not both."
+        raise serializers.ValidationError({"end": [both], "duration": [both]})
+    if end is not None:
+        return end
+    if duration is None:
+        raise serializers.ValidationError({"end": ["Give window.end or window.duration."]})
+    try:
+        return attrs["start"] + duration
+    except OverflowError:
+        raise serializers.ValidationError({"duration": ["The window would end after the year 9999."]}) from None
 
 
 class MountSerializer(serializers.Serializer):
@@ -353,6 +397,9 @@ def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> di
         return None
     spec, window, container = data.get("spec"), data.get("window"), data.get("container")
     if type(spec) is not dict or type(window) is not dict or type(container) is not dict:
+        return None
+    if "duration" in window:
+        # A window given by its length is read by WindowSerializer alone: one definition of a window.
         return None
     if "volumes" in container or "network" in container:
         # Mounts and networks are read by the serializer alone: one definition of them, off the hot path.

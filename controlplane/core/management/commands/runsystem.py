@@ -104,6 +104,16 @@ def celery_loglevel() -> str:
     return (os.environ.get("RUNSYSTEM_CELERY_LOGLEVEL") or "WARNING").upper()
 
 
+def verbose_from_env() -> bool:
+    return (os.environ.get("RUNSYSTEM_VERBOSE") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# Celery warns when its worker runs as root. The compose image runs it as an unprivileged user; here the
+# worker is this user's own process on their own machine, so unless --verbose the warning is left out.
+# (A -W filter matches the message's start, taken literally.)
+_ROOT_WARNING_FILTER = "ignore:You're running the worker with superuser privileges"
+
+
 def docker_engine() -> tuple[bool, str]:
     """Whether a Docker engine answers here, and a word on why not.
 
@@ -145,8 +155,17 @@ class Command(BaseCommand):
             help="Start everything, wait until the API answers and every agent reports, print a summary, exit.",
         )
         parser.add_argument("--check-timeout", type=float, default=120.0, help="Seconds --check waits (120).")
+        parser.add_argument(
+            "--verbose",
+            action="store_true",
+            help="Show the children's start-up output in full: Celery's banners and its warning about running "
+            "as root, gunicorn's INFO lines (also RUNSYSTEM_VERBOSE=1).",
+        )
+
+    verbose = False
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.verbose = bool(options.get("verbose")) or verbose_from_env()
         fleet = [] if options["no_agents"] else parse_fleet(os.environ.get("RUNSYSTEM_FLEET") or DEFAULT_FLEET)
         host, port = parse_bind(os.environ.get("RUNSYSTEM_BIND") or DEFAULT_BIND, options["port"])
         database = settings.DATABASES["default"]
@@ -234,7 +253,13 @@ class Command(BaseCommand):
             # The children must share this process's var/ (database, broker, keys) even when it was defaulted.
             CONTROLPLANE_VAR_DIR=str(settings.VAR_DIR),
         )
+        if not self.verbose:
+            env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), _ROOT_WARNING_FILTER]))
         return env
+
+    def _celery(self) -> list[str]:
+        """How a Celery child starts: ``-q`` leaves out its banner unless --verbose."""
+        return [sys.executable, "-m", "celery", "-A", "controlplane", *([] if self.verbose else ["-q"])]
 
     def web_argv(self, host: str, port: int) -> list[str]:
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -247,11 +272,13 @@ class Command(BaseCommand):
         # Newer gunicorn opens a control socket at one fixed path in $HOME, which two checkouts would share.
         if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS):
             argv.append("--no-control-socket")
+        if not self.verbose:
+            # Its start-up lines (version, worker pids) say nothing the "web started" line does not.
+            argv += ["--log-level", "warning"]
         return argv
 
-    @staticmethod
-    def worker_argv() -> list[str]:
-        argv = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
+    def worker_argv(self) -> list[str]:
+        argv = [*self._celery(), "worker", "--pool", "threads",
                 "--concurrency", "4", "--loglevel", celery_loglevel(), "--hostname", "runsystem@%h"]  # fmt: skip
         if not settings.REDIS_URL:
             # Gossip and mingle poll the broker for other workers; on the filesystem broker with one worker
@@ -259,9 +286,8 @@ class Command(BaseCommand):
             argv += ["--without-gossip", "--without-mingle"]
         return argv
 
-    @staticmethod
-    def beat_argv() -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", celery_loglevel(),
+    def beat_argv(self) -> list[str]:
+        return [*self._celery(), "beat", "--loglevel", celery_loglevel(),
                 "--schedule", str(settings.CELERY_BEAT_SCHEDULE_FILENAME)]  # fmt: skip
 
     @staticmethod
