@@ -312,7 +312,9 @@ class UnsettledPart:
     currency: str
 
 
-def unsettled_parts(*, start: datetime, end: datetime, now: datetime, project: Project | None = None) -> list[UnsettledPart]:
+def unsettled_parts(
+    *, start: datetime, end: datetime, now: datetime, project: Project | None = None
+) -> list[UnsettledPart]:
     """Reservations that held GPUs in [start, end) and are not recorded yet (running, or final and waiting for
     the recorder): booked time up to ``now`` and the container's run time the agent reported, per GPU and hour,
     and what that use is worth at the GPU model's billing weight and price. Provisional: the ledger's charge at
@@ -376,12 +378,13 @@ def _part_key(part: UnsettledPart, group_by: str) -> Any:
         return part.hour.replace(hour=0)
     if group_by == Bucket.HOUR:
         return part.hour
-    return {
+    keys: dict[str, int | None] = {
         GroupBy.USER: part.user_id,
         GroupBy.GPU_MODEL: part.gpu_model_id,
         GroupBy.RESERVATION: part.reservation_id,
         FleetGroupBy.PROJECT: part.project_id,
-    }[group_by]
+    }
+    return keys[group_by]
 
 
 def _settling(
