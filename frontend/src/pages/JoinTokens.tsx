@@ -53,7 +53,7 @@ export function JoinTokensPage() {
         {create.error && !err?.fieldError("note") && !err?.fieldError("ttl_s") && <ErrorAlert error={create.error} />}
       </Card>
       {issued && (
-        <Alert color="green" title="Join token created" withCloseButton onClose={() => setIssued(null)}>
+        <Alert color="green" title="Join token created" withCloseButton closeButtonLabel="Dismiss the join token" onClose={() => setIssued(null)}>
           <Text size="sm">Shown only once. On the new server run:</Text>
           <Code block mt="xs" style={{ wordBreak: "break-all" }} data-testid="agent-command">
             {agentCommand(issued.token)}
