@@ -112,12 +112,12 @@ async function waitForState(api, id, wanted, timeoutMs = START_TIMEOUT_MS) {
   throw new Error(`reservation ${id} did not reach ${wanted.join("/")} (last: ${state})`);
 }
 
-async function book(api, name) {
+async function book(api, name, gpuModel) {
   const end = new Date(Date.now() + 60 * 60_000).toISOString();
   return api.call("POST", "reservations/", {
     project: "demo",
     name,
-    spec: { gpu_model: "H100-80GB", gpu_count: 1 },
+    spec: { gpu_model: gpuModel, gpu_count: 1 },
     window: { start: "now", end },
     // A container that keeps running: the image's own command exits at once.
     container: { image: "gpucp-busybox:test", command: ["sleep", "3600"], env: {} },
@@ -146,9 +146,10 @@ run(
     let drained = null;
     try {
       step("the tenant books two GPUs by the API: one to finish (charged), one to keep running");
-      const done = await book(tenantApi, "e2e-ops-done");
+      // On different servers, so that ending one leaves the other running.
+      const done = await book(tenantApi, "e2e-ops-done", "A100-40GB");
       booked.push(done.id);
-      const held = await book(tenantApi, "e2e-ops-held");
+      const held = await book(tenantApi, "e2e-ops-held", "H100-80GB");
       booked.push(held.id);
       await waitForState(tenantApi, done.id, ["running"]);
       await waitForState(tenantApi, held.id, ["running", "starting", "scheduled"]);

@@ -248,7 +248,7 @@ function Acknowledge({ server, gpu, onClose }: { server: Server; gpu: FleetGpu; 
   });
   const err = ack.error instanceof ApiError ? ack.error : null;
   return (
-    <Modal opened onClose={onClose} title={`Acknowledge the fault of ${server.hostname} GPU ${gpu.index}`}>
+    <Modal opened onClose={onClose} closeButtonProps={{ "aria-label": "Close" }} title={`Acknowledge the fault of ${server.hostname} GPU ${gpu.index}`}>
       <form onSubmit={(e) => { e.preventDefault(); ack.mutate(); }}>
         <Stack>
           <List size="sm">
@@ -289,7 +289,7 @@ function StateChange({ server, to, onClose }: { server: Server; to: ServerState;
   const mustConfirm = to === "ready" && unhealthy.length > 0;
   const affected = preview.data?.reservations ?? [];
   return (
-    <Modal opened onClose={onClose} title={`${verb}: ${server.hostname}`} size="lg">
+    <Modal opened onClose={onClose} closeButtonProps={{ "aria-label": "Close" }} title={`${verb}: ${server.hostname}`} size="lg">
       <form onSubmit={(e) => { e.preventDefault(); change.mutate(); }}>
         <Stack>
           <Text size="sm" c="dimmed">

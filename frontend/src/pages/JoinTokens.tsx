@@ -1,4 +1,4 @@
-import { Alert, Button, Card, Code, CopyButton, Group, NumberInput, Stack, Table, Text, TextInput, Title } from "@mantine/core";
+import { Alert, Button, Card, Code, CopyButton, Group, NumberInput, Stack, Table, Text, TextInput, Title, VisuallyHidden } from "@mantine/core";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
 
@@ -74,7 +74,7 @@ export function JoinTokensPage() {
             <Table.Thead>
               <Table.Tr>
                 <Table.Th>Lookup</Table.Th><Table.Th>Note</Table.Th><Table.Th>Status</Table.Th><Table.Th>By</Table.Th>
-                <Table.Th>Expires ({shownZone()})</Table.Th><Table.Th>Server</Table.Th><Table.Th />
+                <Table.Th>Expires ({shownZone()})</Table.Th><Table.Th>Server</Table.Th><Table.Th><VisuallyHidden>Actions</VisuallyHidden></Table.Th>
               </Table.Tr>
             </Table.Thead>
             <Table.Tbody>
