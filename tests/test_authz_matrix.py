@@ -503,6 +503,7 @@ ROWS.extend(
         row("GET", "/api/v1/servers/", **ANY_USER),
         row("GET", "/api/v1/servers/{server}/", **ANY_USER),
         row("GET", "/api/v1/servers/{server}/events/", **OPERATORS_READ),
+        row("GET", "/api/v1/servers/{server}/drain-preview/", **OPERATORS_READ),
         row("POST", "/api/v1/servers/{server}/state/", body={"state": "maintenance", "reason": "m"}, **OPERATORS_WRITE),
         row("POST", "/api/v1/servers/{node}/revoke-credential/", body={"reason": "m"}, **OPERATORS_WRITE),
         row("GET", "/api/v1/gpus/", **ANY_USER),

@@ -16,19 +16,30 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import F, FloatField, IntegerField, QuerySet, Sum
+from django.db.models import Exists, F, FloatField, IntegerField, OuterRef, QuerySet, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncDay, TruncHour
+from django.utils import timezone
 
 from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy
-from controlplane.accounting.models import GpuUsageHour, MonthlyStatement, UsageRecord, UsageSlice
+from controlplane.accounting.models import (
+    MONEY_PLACES,
+    GpuUsageHour,
+    MonthlyStatement,
+    RollupWatermark,
+    UsageRecord,
+    UsageSlice,
+)
+from controlplane.accounting.rollup import WATERMARK
+from controlplane.accounting.services import allocation_held, launch_intervals
+from controlplane.accounting.timeutil import split_by_hour
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import projects_visible_to
 from controlplane.inventory.models import GpuModel
 from controlplane.ledger.choices import EntryKind
 from controlplane.ledger.models import LedgerEntry
 from controlplane.ledger.services import STORAGE_DATA_KIND, hour_key_for
-from controlplane.reservations.models import Reservation
+from controlplane.reservations.models import Allocation, Reservation
 
 ZERO = Decimal("0")
 SECONDS_PER_HOUR = 3600.0
@@ -68,8 +79,12 @@ class ReportRow:
     energy_wh: float = 0.0
     credits: Decimal = ZERO
     costs: dict[str, Decimal] = field(default_factory=dict)
+    # Still settling: a reservation not yet settled (figures so far, credits estimated) or an hour the
+    # telemetry rollup has not finished (utilization, idle time and energy may still change).
+    provisional: bool = False
 
     def add(self, other: ReportRow) -> None:
+        self.provisional = self.provisional or other.provisional
         self.booked_s += other.booked_s
         self.used_s += other.used_s
         self.held_s += other.held_s
@@ -102,6 +117,7 @@ class ReportRow:
             "cost": self.costs[currencies[0]] if len(currencies) == 1 else (ZERO if not currencies else None),
             "currency": currencies[0] if len(currencies) == 1 else ("" if not currencies else "mixed"),
             "costs": {c: self.costs[c] for c in currencies},
+            "provisional": self.provisional,
         }
 
 
@@ -135,10 +151,13 @@ class Report:
     rows: list[ReportRow]
     total: ReportRow
     storage: StorageLine = field(default_factory=StorageLine)
+    final_until: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "project": self.project.slug if self.project else None,
+            "provisional": self.total.provisional,
+            "final_until": self.final_until,
             "start": self.start,
             "end": self.end,
             "group_by": self.group_by,
@@ -271,37 +290,201 @@ def _finish(rows: dict[Any, ReportRow], group_by: str) -> tuple[list[ReportRow],
     return out, total
 
 
-def project_report(*, project: Project, start: datetime, end: datetime, group_by: str = GroupBy.USER) -> Report:
-    """One project's usage over [start, end), split by user, GPU model, day or reservation."""
-    slices = UsageSlice.objects.filter(project=project, hour__gte=start, hour__lt=end)
-    hours = GpuUsageHour.objects.filter(project=project, hour__gte=start, hour__lt=end)
-    rows, total = _finish(_aggregate(slices=slices, hours=hours, group_by=group_by), group_by)
-    storage = storage_charges(start=start, end=end, project=project)
-    return Report(start=start, end=end, group_by=group_by, project=project, rows=rows, total=total, storage=storage)
+def final_until() -> datetime | None:
+    """Where the telemetry rollup's final hours end: an hour starting at or after it is still redone on every
+    run (its utilization, idle time and energy may change); None before the first rollup."""
+    return RollupWatermark.objects.filter(name=WATERMARK).values_list("position", flat=True).first()
 
 
-def fleet_report(*, start: datetime, end: datetime, group_by: str = FleetGroupBy.PROJECT) -> Report:
-    """The whole fleet over [start, end). Telemetry of GPUs nobody held counts in the "(not held)" project row
-    and in the GPU-model and day rows, so those show the fleet's utilization, not only the tenants'."""
-    slices = UsageSlice.objects.filter(hour__gte=start, hour__lt=end)
-    hours = GpuUsageHour.objects.filter(hour__gte=start, hour__lt=end)
-    rows, total = _finish(_aggregate(slices=slices, hours=hours, group_by=group_by), group_by)
-    storage = storage_charges(start=start, end=end)
-    return Report(start=start, end=end, group_by=group_by, project=None, rows=rows, total=total, storage=storage)
+@dataclass(frozen=True)
+class UnsettledPart:
+    """One GPU-hour of a reservation that has no usage records yet: what it booked and ran so far."""
+
+    hour: datetime
+    project_id: int
+    reservation_id: int
+    user_id: int | None
+    gpu_model_id: int
+    booked_s: float
+    used_s: float
+    credits: Decimal
+    cost: Decimal
+    currency: str
 
 
-def timeseries(
-    *, start: datetime, end: datetime, bucket: str = Bucket.HOUR, project: Project | None = None
-) -> list[dict[str, Any]]:
-    """Per hour or day: held GPU-hours, used and idle GPU-hours, mean utilization and energy, for charts."""
+def unsettled_parts(
+    *, start: datetime, end: datetime, now: datetime, project: Project | None = None
+) -> list[UnsettledPart]:
+    """Reservations that held GPUs in [start, end) and are not recorded yet (running, or final and waiting for
+    the recorder): booked time up to ``now`` and the container's run time the agent reported, per GPU and hour,
+    and what that use is worth at the GPU model's billing weight and price. Provisional: the ledger's charge at
+    settlement is the final word, and the usage records written then replace these figures."""
+    upto = min(end, now)
+    if upto <= start:
+        return []
+    recorded = UsageRecord.objects.filter(reservation=OuterRef("reservation_id"))
+    allocations = (
+        Allocation.objects.filter(starts_at__lt=upto, ends_at__gt=start)
+        .filter(~Exists(recorded))
+        .select_related("reservation", "gpu__model")
+        .order_by("reservation_id", "gpu_id")
+    )
+    if project is not None:
+        allocations = allocations.filter(reservation__project=project)
+    by_reservation: dict[int, list[Allocation]] = defaultdict(list)
+    for allocation in allocations:
+        by_reservation[allocation.reservation_id].append(allocation)
+    parts: list[UnsettledPart] = []
+    for held_gpus in by_reservation.values():
+        reservation = held_gpus[0].reservation
+        ran = launch_intervals(reservation=reservation, until=now)
+        for allocation in held_gpus:
+            held = allocation_held(allocation)
+            if held is None:
+                continue
+            lo, hi = max(held[0], start), min(held[1], upto)
+            if hi <= lo:
+                continue
+            booked = dict(split_by_hour(lo, hi))
+            used: dict[datetime, float] = defaultdict(float)
+            for a, b in ran.get(allocation.gpu.uuid, []):
+                a, b = max(a, lo), min(b, hi)
+                for hour, seconds in split_by_hour(a, b) if b > a else ():
+                    used[hour] += seconds
+            model = allocation.gpu.model
+            for hour in sorted(set(booked) | set(used)):
+                used_s = used.get(hour, 0.0)
+                gpu_hours = Decimal(repr(used_s)) / Decimal(3600)
+                parts.append(
+                    UnsettledPart(
+                        hour=hour,
+                        project_id=reservation.project_id,
+                        reservation_id=reservation.pk,
+                        user_id=reservation.created_by_id,
+                        gpu_model_id=model.pk,
+                        booked_s=booked.get(hour, 0.0),
+                        used_s=used_s,
+                        credits=(model.billing_weight * gpu_hours).quantize(MONEY_PLACES),
+                        cost=(model.price_per_gpu_hour * gpu_hours).quantize(MONEY_PLACES),
+                        currency=model.currency,
+                    )
+                )
+    return parts
+
+
+def _part_key(part: UnsettledPart, group_by: str) -> Any:
+    """The group of an unsettled part, as ``_group_expr`` gives it for a stored row."""
+    if group_by in (GroupBy.DAY, FleetGroupBy.DAY, Bucket.DAY):
+        return part.hour.replace(hour=0)
+    if group_by == Bucket.HOUR:
+        return part.hour
+    keys: dict[str, int | None] = {
+        GroupBy.USER: part.user_id,
+        GroupBy.GPU_MODEL: part.gpu_model_id,
+        GroupBy.RESERVATION: part.reservation_id,
+        FleetGroupBy.PROJECT: part.project_id,
+    }
+    return keys[group_by]
+
+
+def _settling(
+    rows: dict[Any, ReportRow],
+    *,
+    hours: QuerySet[GpuUsageHour],
+    parts: list[UnsettledPart],
+    group_by: str,
+    mark: datetime | None,
+) -> None:
+    """Add the unsettled reservations' figures so far, and mark provisional every group that has them or an
+    hour the rollup has not finished."""
+    for part in parts:
+        row = rows[_part_key(part, group_by)]
+        row.booked_s += part.booked_s
+        row.used_s += part.used_s
+        row.credits += part.credits
+        row.costs[part.currency] = row.costs.get(part.currency, ZERO) + part.cost
+        row.provisional = True
+    unfinished = hours if mark is None else hours.filter(hour__gte=mark)
+    for value in unfinished.annotate(g=_group_expr(group_by)).order_by().values_list("g", flat=True).distinct():
+        rows[value].provisional = True
+
+
+def _report(
+    *,
+    project: Project | None,
+    start: datetime,
+    end: datetime,
+    group_by: str,
+    now: datetime | None,
+    unsettled: bool = True,
+) -> Report:
     slices = UsageSlice.objects.filter(hour__gte=start, hour__lt=end)
     hours = GpuUsageHour.objects.filter(hour__gte=start, hour__lt=end)
     if project is not None:
         slices, hours = slices.filter(project=project), hours.filter(project=project)
-    rows, _ = _finish(_aggregate(slices=slices, hours=hours, group_by=bucket), bucket)
-    keep = ("held_gpu_hours", "used_gpu_hours", "idle_gpu_hours", "util_mean_percent", "energy_kwh", "credits")
+    rows = _aggregate(slices=slices, hours=hours, group_by=group_by)
+    mark = final_until()
+    parts = unsettled_parts(start=start, end=end, now=now or timezone.now(), project=project) if unsettled else []
+    _settling(rows, hours=hours, parts=parts, group_by=group_by, mark=mark)
+    listed, total = _finish(rows, group_by)
+    storage = storage_charges(start=start, end=end, project=project)
+    return Report(
+        start=start,
+        end=end,
+        group_by=group_by,
+        project=project,
+        rows=listed,
+        total=total,
+        storage=storage,
+        final_until=mark,
+    )
+
+
+def project_report(
+    *,
+    project: Project,
+    start: datetime,
+    end: datetime,
+    group_by: str = GroupBy.USER,
+    now: datetime | None = None,
+    unsettled: bool = True,
+) -> Report:
+    """One project's usage over [start, end), split by user, GPU model, day or reservation. A reservation not
+    settled yet is in it with its figures so far, and its rows say ``provisional``; ``unsettled=False`` leaves
+    such reservations out (a monthly statement records only what the ledger has charged)."""
+    return _report(project=project, start=start, end=end, group_by=group_by, now=now, unsettled=unsettled)
+
+
+def fleet_report(
+    *, start: datetime, end: datetime, group_by: str = FleetGroupBy.PROJECT, now: datetime | None = None
+) -> Report:
+    """The whole fleet over [start, end). Telemetry of GPUs nobody held counts in the "(not held)" project row
+    and in the GPU-model and day rows, so those show the fleet's utilization, not only the tenants'."""
+    return _report(project=None, start=start, end=end, group_by=group_by, now=now)
+
+
+def timeseries(
+    *,
+    start: datetime,
+    end: datetime,
+    bucket: str = Bucket.HOUR,
+    project: Project | None = None,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Per hour or day: held GPU-hours, used and idle GPU-hours, mean utilization and energy, for charts; a
+    point still settling (an unsettled reservation, an hour not rolled up for good) says ``provisional``."""
+    report = _report(project=project, start=start, end=end, group_by=bucket, now=now)
+    keep = (
+        "held_gpu_hours",
+        "used_gpu_hours",
+        "idle_gpu_hours",
+        "util_mean_percent",
+        "energy_kwh",
+        "credits",
+        "provisional",
+    )
     out = []
-    for row in sorted(rows, key=lambda r: r.key):
+    for row in sorted(report.rows, key=lambda r: r.key):
         data = row.as_dict()
         out.append({"at": row.key, **{name: data[name] for name in keep}})
     return out

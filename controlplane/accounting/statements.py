@@ -72,7 +72,7 @@ def statement_generate(*, project: Project, month: datetime) -> MonthlyStatement
     existing = MonthlyStatement.objects.filter(project=project, period_key=key).first()
     if existing is not None:
         return existing
-    report = project_report(project=project, start=start, end=next_month(start), group_by=GroupBy.USER)
+    report = project_report(project=project, start=start, end=next_month(start), group_by=GroupBy.USER, unsettled=False)
     data = _jsonable(report)
     try:
         with transaction.atomic():

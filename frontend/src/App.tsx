@@ -12,6 +12,7 @@ import { LoginPage } from "./pages/Login";
 
 // The pages with charts pull in recharts, the largest part of the bundle; they load when first visited, so
 // the sign-in page and the dashboard do not wait for it.
+const AccountingPage = lazy(() => import("./pages/Accounting").then((m) => ({ default: m.AccountingPage })));
 const AvailabilityPage = lazy(() => import("./pages/Availability").then((m) => ({ default: m.AvailabilityPage })));
 const FleetPage = lazy(() => import("./pages/Fleet").then((m) => ({ default: m.FleetPage })));
 const JoinTokensPage = lazy(() => import("./pages/JoinTokens").then((m) => ({ default: m.JoinTokensPage })));
@@ -32,6 +33,7 @@ const TENANT_LINKS = [
 const OPERATOR_LINKS = [
   { to: "/fleet", label: "Fleet health" },
   { to: "/join-tokens", label: "Join tokens" },
+  { to: "/accounting", label: "Accounting" },
 ];
 
 export function App() {
@@ -74,6 +76,7 @@ export function App() {
         <Route path="/ssh-keys" element={<SshKeysPage />} />
         <Route path="/fleet" element={operator ? <FleetPage /> : <OperatorsOnly />} />
         <Route path="/join-tokens" element={operator ? <JoinTokensPage /> : <OperatorsOnly />} />
+        <Route path="/accounting" element={operator ? <AccountingPage /> : <OperatorsOnly />} />
         <Route path="*" element={<NotFound />} />
       </Routes>
     </Shell>

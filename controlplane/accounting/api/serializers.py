@@ -97,6 +97,11 @@ class ReportRowSerializer(serializers.Serializer):
     cost = serializers.DecimalField(max_digits=16, decimal_places=4, allow_null=True)
     currency = serializers.CharField(allow_blank=True)
     costs = serializers.DictField(child=serializers.DecimalField(max_digits=16, decimal_places=4))
+    provisional = serializers.BooleanField(
+        help_text="Still settling: it counts a reservation not settled yet (its figures so far, credits estimated "
+        "at the GPU model's billing weight until the ledger charges it) or an hour whose telemetry rollup is not "
+        "final (utilization, idle time and energy may still change)."
+    )
 
 
 class StorageVolumeSerializer(serializers.Serializer):
@@ -118,6 +123,12 @@ class StorageSerializer(serializers.Serializer):
 
 class ReportSerializer(serializers.Serializer):
     project = serializers.CharField(allow_null=True)
+    provisional = serializers.BooleanField(help_text="Some row is still settling (see the rows' ``provisional``).")
+    final_until = serializers.DateTimeField(
+        allow_null=True,
+        help_text="Telemetry of hours before this is final; later hours are still being rolled up. Null before "
+        "the first rollup.",
+    )
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     group_by = serializers.CharField()
@@ -137,6 +148,9 @@ class TimeseriesPointSerializer(serializers.Serializer):
     util_mean_percent = serializers.FloatField(allow_null=True)
     energy_kwh = serializers.FloatField()
     credits = serializers.DecimalField(max_digits=16, decimal_places=4)
+    provisional = serializers.BooleanField(
+        help_text="Still settling: an unsettled reservation or an hour whose rollup is not final."
+    )
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):

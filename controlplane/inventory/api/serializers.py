@@ -71,10 +71,59 @@ class ServerGpuSerializer(GpuSerializer):
         read_only_fields = fields
 
 
+class GpuInUseSerializer(serializers.Serializer):
+    """The reservation holding a GPU now, for operators."""
+
+    reservation = serializers.UUIDField()
+    name = serializers.CharField()
+    project = serializers.CharField(help_text="Project slug: the tenant.")
+    project_name = serializers.CharField()
+    state = serializers.CharField()
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+
+
 class OperatorServerGpuSerializer(OperatorGpuSerializer):
+    in_use = serializers.SerializerMethodField(help_text="The reservation holding the GPU now; null when free.")
+
     class Meta(OperatorGpuSerializer.Meta):
-        fields = [f for f in OperatorGpuSerializer.Meta.fields if f != "server"]
+        fields = [*(f for f in OperatorGpuSerializer.Meta.fields if f != "server"), "in_use"]
         read_only_fields = fields
+
+    @extend_schema_field(GpuInUseSerializer(allow_null=True))
+    def get_in_use(self, obj: Gpu) -> dict[str, object] | None:
+        # The view reads every GPU's holder in one query (``gpus_in_use``) and passes it in the context.
+        in_use = self.context.get("gpus_in_use")
+        if in_use is None:
+            from controlplane.inventory.selectors import gpus_in_use
+
+            in_use = gpus_in_use(gpu_ids=[obj.pk])
+        return in_use.get(obj.pk)
+
+
+class AffectedReservationSerializer(serializers.Serializer):
+    reservation = serializers.UUIDField()
+    name = serializers.CharField()
+    project = serializers.CharField(help_text="Project slug.")
+    project_name = serializers.CharField()
+    state = serializers.CharField()
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+    running = serializers.BooleanField(help_text="Its window has begun.")
+    gpus = serializers.ListField(child=serializers.IntegerField(), help_text="Indexes of its GPUs on this server.")
+
+
+class DrainPreviewSerializer(serializers.Serializer):
+    server = serializers.CharField()
+    state = serializers.CharField()
+    reservations = AffectedReservationSerializer(
+        many=True,
+        help_text="Reservations holding GPUs of the server now or later. Draining keeps them: running ones run to "
+        "their end and booked ones still start here; only new bookings go elsewhere.",
+    )
+    unhealthy_gpus = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Indexes of GPUs that are unhealthy or missing."
+    )
 
 
 class ServerSerializer(serializers.ModelSerializer):

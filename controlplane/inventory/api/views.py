@@ -18,9 +18,10 @@ from controlplane.fleet.models import NodeCredential
 from controlplane.inventory import services
 from controlplane.inventory.api import serializers as s
 from controlplane.inventory.api.permissions import IsOperator, IsOperatorOrReadOnly
+from controlplane.inventory.choices import GpuHealth
 from controlplane.inventory.filters import GpuFilter, RackFilter, ServerFilter
 from controlplane.inventory.models import Gpu, GpuModel, Rack, Server, ServerEvent, Site
-from controlplane.inventory.selectors import servers_visible_to_tenants
+from controlplane.inventory.selectors import gpus_in_use, reservations_on_server, servers_visible_to_tenants
 
 
 class ProtectedDestroyMixin:
@@ -72,6 +73,13 @@ class ServerViewSet(viewsets.ReadOnlyModelViewSet):
     def get_serializer_class(self) -> type:
         return s.OperatorServerSerializer if is_operator(self.request.user) else s.ServerSerializer
 
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = dict(super().get_serializer_context())
+        if is_operator(self.request.user):
+            # Who holds each GPU now, read once for the whole page rather than once per GPU.
+            context["gpus_in_use"] = gpus_in_use()
+        return context
+
     def _server(self) -> Server:
         return self.get_object()
 
@@ -86,7 +94,26 @@ class ServerViewSet(viewsets.ReadOnlyModelViewSet):
             actor=request.user,
             reason=payload.validated_data["reason"],
         )
-        return Response(s.OperatorServerSerializer(self.get_queryset().get(pk=server.pk)).data)
+        return Response(
+            s.OperatorServerSerializer(
+                self.get_queryset().get(pk=server.pk), context=self.get_serializer_context()
+            ).data
+        )
+
+    @extend_schema(responses={200: s.DrainPreviewSerializer})
+    @action(detail=True, methods=["get"], url_path="drain-preview", permission_classes=[IsOperator])
+    def drain_preview(self, request: Request, pk: str | None = None) -> Response:
+        """What draining (or maintenance) would leave in place: the reservations holding the server's GPUs now or
+        later, and its unhealthy GPUs (worth a look before returning it to ready)."""
+        server = self._server()
+        unhealthy = [g.index for g in server.gpus.all() if g.health != GpuHealth.HEALTHY or not g.present]
+        body = {
+            "server": server.hostname,
+            "state": server.state,
+            "reservations": reservations_on_server(server=server),
+            "unhealthy_gpus": sorted(unhealthy),
+        }
+        return Response(s.DrainPreviewSerializer(body).data)
 
     @extend_schema(request=s.ReasonSerializer, responses={200: s.OperatorServerSerializer})
     @action(detail=True, methods=["post"], url_path="revoke-credential", permission_classes=[IsOperator])

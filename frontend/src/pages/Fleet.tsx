@@ -1,42 +1,75 @@
-import { Badge, Button, Card, Group, Modal, SegmentedControl, SimpleGrid, Stack, Table, Text, TextInput, Title, Tooltip } from "@mantine/core";
-import { useMutation, useQueryClient } from "@tanstack/react-query";
+import { Alert, Anchor, Badge, Button, Card, Checkbox, Group, List, Modal, SegmentedControl, SimpleGrid, Stack, Table, Text, TextInput, Title, Tooltip } from "@mantine/core";
+import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
+import { Link } from "react-router";
 
 import { ApiError, api } from "../api/client";
 import { useServers } from "../api/hooks";
 import { DCGM, type Server, type ServerGpu, type ServerState } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ErrorAlert, QueryState } from "../components/QueryState";
-import { formatRelative, heatColor } from "../lib/format";
+import { formatDateTime, formatRelative } from "../lib/format";
+import { explainReason, heatCell, reasonList } from "../lib/gpuHealth";
+import { shownZone } from "../lib/report";
 
 type Metric = "util" | "temp";
+
+/** GET servers/: operators also get who holds each GPU now. */
+interface GpuInUse {
+  reservation: string;
+  name: string;
+  project: string;
+  project_name: string;
+  state: string;
+  starts_at: string;
+  ends_at: string;
+}
+type FleetGpu = ServerGpu & { in_use?: GpuInUse | null };
+
+/** GET servers/{id}/drain-preview/ */
+interface DrainPreview {
+  server: string;
+  state: string;
+  reservations: (GpuInUse & { running: boolean; gpus: number[] })[];
+  unhealthy_gpus: number[];
+}
+
+// Tooltips open on keyboard focus as well as on hover.
+const TOOLTIP_EVENTS = { hover: true, focus: true, touch: true };
 
 export function FleetPage() {
   const servers = useServers(5_000);
   const [metric, setMetric] = useState<Metric>("util");
   const [acting, setActing] = useState<{ server: Server; to: ServerState } | null>(null);
+  const [acknowledging, setAcknowledging] = useState<{ server: Server; gpu: FleetGpu } | null>(null);
   const list = servers.data ?? [];
-  const gpus = list.flatMap((s) => s.gpus);
-  const unhealthy = list.flatMap((s) => s.gpus.filter((g) => g.health !== "healthy" || !g.present).map((g) => ({ s, g })));
+  const gpus = list.flatMap((s) => s.gpus as FleetGpu[]);
+  const unhealthy = list.flatMap((s) => (s.gpus as FleetGpu[]).filter((g) => g.health !== "healthy" || !g.present).map((g) => ({ s, g })));
+  const inUse = list.flatMap((s) => (s.gpus as FleetGpu[]).filter((g) => g.in_use).map((g) => ({ s, g, use: g.in_use! })));
 
   return (
     <Stack>
-      <Title order={2}>Fleet health</Title>
+      <Title order={1}>Fleet health</Title>
       <QueryState isLoading={servers.isLoading} error={servers.error} isEmpty={list.length === 0}
         empty="No servers are enrolled. Create a join token and start an agent." label="servers">
-        <SimpleGrid cols={{ base: 2, sm: 4 }}>
+        <SimpleGrid cols={{ base: 2, sm: 5 }}>
           <Stat label="Servers" value={list.length} />
           <Stat label="Ready" value={list.filter((s) => s.state === "ready").length} />
           <Stat label="GPUs" value={gpus.length} />
-          <Stat label="Unhealthy GPUs" value={unhealthy.length} color={unhealthy.length ? "red" : undefined} />
+          <Stat label="GPUs in use now" value={inUse.length} />
+          <Stat label="Unhealthy GPUs" value={unhealthy.length} color={unhealthy.length ? "red.9" : undefined} />
         </SimpleGrid>
 
         <Card withBorder>
           <Group justify="space-between" mb="xs">
-            <Text fw={600}>GPU heatmap</Text>
+            <Title order={2} size="h4">GPU heatmap</Title>
             <SegmentedControl size="xs" value={metric} onChange={(v) => setMetric(v as Metric)} aria-label="Heatmap metric"
               data={[{ value: "util", label: "Utilization" }, { value: "temp", label: "Temperature" }]} />
           </Group>
+          <Text size="xs" c="dimmed" mb="xs" data-testid="heatmap-legend">
+            {metric === "util" ? "Pale: idle; deep blue: busy." : "Pale blue: cool; deep red: hot."} A red frame marks an
+            unhealthy GPU, a dot one held by a reservation. Focus or hover a GPU for its details.
+          </Text>
           <Stack gap="sm" data-testid="heatmap">
             {list.map((s) => (
               <div key={s.id}>
@@ -45,7 +78,7 @@ export function FleetPage() {
                   {s.simulated && <SimulatedBadge />}
                 </Group>
                 <div className="heat-grid">
-                  {s.gpus.map((g) => <HeatCell key={g.uuid} gpu={g} metric={metric} />)}
+                  {(s.gpus as FleetGpu[]).map((g) => <HeatCell key={g.uuid} gpu={g} metric={metric} />)}
                 </div>
               </div>
             ))}
@@ -53,7 +86,7 @@ export function FleetPage() {
         </Card>
 
         <Card withBorder>
-          <Text fw={600} mb="xs">Servers</Text>
+          <Title order={2} size="h4" mb="xs">Servers</Title>
           <Table.ScrollContainer minWidth={720}>
             <Table striped>
               <Table.Thead>
@@ -71,15 +104,15 @@ export function FleetPage() {
                     <Table.Td><StateBadge state={s.state} /></Table.Td>
                     <Table.Td>
                       {s.gpus.length} × {s.gpus[0]?.model ?? "?"}
-                      {s.gpus.some((g) => g.health !== "healthy") && <Badge color="red" ml={4} size="xs">unhealthy</Badge>}
+                      {s.gpus.some((g) => g.health !== "healthy") && <Badge color="red.9" variant="filled" ml={4} size="xs">unhealthy</Badge>}
                     </Table.Td>
-                    <Table.Td>{s.last_heartbeat_at ? formatRelative(s.last_heartbeat_at) : "never"}</Table.Td>
+                    <Table.Td title={formatDateTime(s.last_heartbeat_at)}>{s.last_heartbeat_at ? formatRelative(s.last_heartbeat_at) : "never"}</Table.Td>
                     <Table.Td>{s.agent_version || "–"}</Table.Td>
                     <Table.Td>
                       <Group gap={4} wrap="nowrap">
-                        {s.state === "ready" && <Button size="xs" variant="light" color="yellow" onClick={() => setActing({ server: s, to: "draining" })}>Drain</Button>}
-                        {s.state !== "maintenance" && s.state !== "retired" && <Button size="xs" variant="light" color="orange" onClick={() => setActing({ server: s, to: "maintenance" })}>Maintenance</Button>}
-                        {["draining", "maintenance", "commissioning"].includes(s.state) && <Button size="xs" variant="light" color="green" onClick={() => setActing({ server: s, to: "ready" })}>Return to ready</Button>}
+                        {s.state === "ready" && <Button size="xs" variant="light" color="yellow.9" onClick={() => setActing({ server: s, to: "draining" })}>Drain</Button>}
+                        {s.state !== "maintenance" && s.state !== "retired" && <Button size="xs" variant="light" color="orange.9" onClick={() => setActing({ server: s, to: "maintenance" })}>Maintenance</Button>}
+                        {["draining", "maintenance", "commissioning"].includes(s.state) && <Button size="xs" variant="light" color="green.9" onClick={() => setActing({ server: s, to: "ready" })}>Return to ready</Button>}
                       </Group>
                     </Table.Td>
                   </Table.Tr>
@@ -90,22 +123,72 @@ export function FleetPage() {
         </Card>
 
         <Card withBorder>
-          <Text fw={600} mb="xs">Health</Text>
+          <Title order={2} size="h4" mb="xs">GPUs in use</Title>
+          {inUse.length === 0 ? (
+            <Text size="sm" c="dimmed">No reservation holds a GPU right now.</Text>
+          ) : (
+            <Table.ScrollContainer minWidth={640}>
+              <Table striped data-testid="gpus-in-use">
+                <Table.Thead>
+                  <Table.Tr>
+                    <Table.Th>GPU</Table.Th><Table.Th>Tenant (project)</Table.Th><Table.Th>Reservation</Table.Th>
+                    <Table.Th>State</Table.Th><Table.Th>Until ({shownZone()})</Table.Th>
+                  </Table.Tr>
+                </Table.Thead>
+                <Table.Tbody>
+                  {inUse.map(({ s, g, use }) => (
+                    <Table.Tr key={g.uuid}>
+                      <Table.Td>{s.hostname} GPU {g.index}</Table.Td>
+                      <Table.Td>{use.project_name} ({use.project})</Table.Td>
+                      <Table.Td><Anchor component={Link} to={`/reservations/${use.reservation}`}>{use.name}</Anchor> <Text span size="xs" c="dimmed">{use.reservation.slice(0, 8)}</Text></Table.Td>
+                      <Table.Td><StateBadge state={use.state} /></Table.Td>
+                      <Table.Td>{formatDateTime(use.ends_at)}</Table.Td>
+                    </Table.Tr>
+                  ))}
+                </Table.Tbody>
+              </Table>
+            </Table.ScrollContainer>
+          )}
+        </Card>
+
+        <Card withBorder>
+          <Title order={2} size="h4" mb="xs">Health</Title>
           {unhealthy.length === 0 ? (
             <Text size="sm" c="dimmed">Every GPU is healthy and present.</Text>
           ) : (
-            <Stack gap={4}>
+            <Stack gap="sm" data-testid="health-list">
               {unhealthy.map(({ s, g }) => (
-                <Text size="sm" key={g.uuid}>
-                  <b>{s.hostname} GPU {g.index}</b>: {g.present ? g.health : "missing"} — {reasonsText(g.health_reasons)}
-                  {g.needs_acknowledgement && " (needs acknowledgement)"}
-                </Text>
+                <Card key={g.uuid} withBorder p="xs" data-testid={`health-${s.hostname}-${g.index}`}>
+                  <Group justify="space-between" align="flex-start" wrap="nowrap">
+                    <div>
+                      <Text size="sm" fw={600}>
+                        {s.hostname} GPU {g.index}: {g.present ? g.health : "missing"}
+                        {g.needs_acknowledgement && <Badge ml="xs" size="sm" color="red.9" variant="filled">needs acknowledgement</Badge>}
+                      </Text>
+                      <List size="sm" spacing={2}>
+                        {reasonList(g.health_reasons).map((r) => (
+                          <List.Item key={r}>{explainReason(r, g.telemetry?.[DCGM.temp])}</List.Item>
+                        ))}
+                        {reasonList(g.health_reasons).length === 0 && <List.Item>no reason recorded</List.Item>}
+                      </List>
+                    </div>
+                    {g.needs_acknowledgement && (
+                      <Button size="xs" variant="light" color="red.9" onClick={() => setAcknowledging({ server: s, gpu: g })}
+                        aria-label={`Acknowledge ${s.hostname} GPU ${g.index}`}>Acknowledge</Button>
+                    )}
+                  </Group>
+                </Card>
               ))}
+              <Text size="xs" c="dimmed">
+                Hardware faults (XIDs, ECC errors) stay until acknowledged; acknowledging clears them, and the next heartbeat
+                raises them again if the cause is still there. A temperature reason clears by itself.
+              </Text>
             </Stack>
           )}
         </Card>
       </QueryState>
       {acting && <StateChange server={acting.server} to={acting.to} onClose={() => setActing(null)} />}
+      {acknowledging && <Acknowledge server={acknowledging.server} gpu={acknowledging.gpu} onClose={() => setAcknowledging(null)} />}
     </Stack>
   );
 }
@@ -119,34 +202,80 @@ function Stat({ label, value, color }: { label: string; value: number; color?: s
   );
 }
 
+/** Kept for callers that want one line of reasons. */
 export function reasonsText(reasons: unknown): string {
-  if (!reasons) return "no reason recorded";
-  if (Array.isArray(reasons)) {
-    return reasons.map((r) => (typeof r === "string" ? r : r && typeof r === "object" && "message" in r ? String((r as { message: unknown }).message) : JSON.stringify(r))).join("; ") || "no reason recorded";
-  }
-  return typeof reasons === "string" ? reasons : JSON.stringify(reasons);
+  return reasonList(reasons).join("; ") || "no reason recorded";
 }
 
-function HeatCell({ gpu, metric }: { gpu: ServerGpu; metric: Metric }) {
+function gpuSummary(gpu: FleetGpu): string {
+  const t = gpu.telemetry ?? {};
+  const util = t[DCGM.util];
+  const temp = t[DCGM.temp];
+  const parts = [`GPU ${gpu.index}`, gpu.present ? gpu.health : "missing", `utilization ${util ?? "–"}%`, `${temp ?? "–"} °C`];
+  if (gpu.in_use) parts.push(`held by ${gpu.in_use.project} (reservation ${gpu.in_use.name})`);
+  else parts.push("free");
+  return parts.join(" · ");
+}
+
+function HeatCell({ gpu, metric }: { gpu: FleetGpu; metric: Metric }) {
   const t = gpu.telemetry ?? {};
   const util = t[DCGM.util];
   const temp = t[DCGM.temp];
   const value = metric === "util" ? util : temp;
-  const bg = !gpu.present ? "var(--mantine-color-dark-3)" : metric === "util" ? heatColor(util, 100) : heatColor(temp == null ? null : temp - 30, 60);
+  const colors = !gpu.present ? { background: "rgb(73 80 87)", color: "rgb(255 255 255)" } : metric === "util" ? heatCell(util, 100, "util") : heatCell(temp == null ? null : temp - 30, 60, "temp");
+  const summary = gpuSummary(gpu);
   return (
-    <Tooltip label={`GPU ${gpu.index} · ${gpu.health}${gpu.present ? "" : " · missing"} · util ${util ?? "–"}% · ${temp ?? "–"} °C`}>
-      <div className="heat-cell" style={{ background: bg, outline: gpu.health !== "healthy" ? "3px solid var(--mantine-color-red-8)" : undefined }}
-        tabIndex={0} aria-label={`GPU ${gpu.index}: ${metric === "util" ? `utilization ${util ?? "unknown"}%` : `temperature ${temp ?? "unknown"} °C`}`}>
-        <span>{gpu.index}</span>
+    <Tooltip label={summary} events={TOOLTIP_EVENTS}>
+      <div className="heat-cell" data-testid={`heat-${gpu.uuid}`}
+        style={{ background: colors.background, color: colors.color, outline: gpu.health !== "healthy" ? "3px solid var(--mantine-color-red-9)" : undefined }}
+        tabIndex={0} role="img" aria-label={summary}>
+        <span>{gpu.index}{gpu.in_use ? " •" : ""}</span>
         <span>{value == null ? "–" : `${Math.round(value)}${metric === "util" ? "%" : "°"}`}</span>
       </div>
     </Tooltip>
   );
 }
 
-function StateChange({ server, to, onClose }: { server: Server; to: ServerState; onClose: () => void }) {
+function Acknowledge({ server, gpu, onClose }: { server: Server; gpu: FleetGpu; onClose: () => void }) {
   const [reason, setReason] = useState("");
   const queryClient = useQueryClient();
+  const ack = useMutation({
+    mutationFn: () => api.post<ServerGpu>(`gpus/${gpu.id}/acknowledge/`, { reason }),
+    onSuccess: () => {
+      queryClient.invalidateQueries({ queryKey: ["servers"] });
+      onClose();
+    },
+  });
+  const err = ack.error instanceof ApiError ? ack.error : null;
+  return (
+    <Modal opened onClose={onClose} closeButtonProps={{ "aria-label": "Close" }} title={`Acknowledge the fault of ${server.hostname} GPU ${gpu.index}`}>
+      <form onSubmit={(e) => { e.preventDefault(); ack.mutate(); }}>
+        <Stack>
+          <List size="sm">
+            {reasonList(gpu.health_reasons).map((r) => <List.Item key={r}>{explainReason(r, gpu.telemetry?.[DCGM.temp])}</List.Item>)}
+          </List>
+          <Text size="sm" c="dimmed">
+            Acknowledging says you have dealt with it: the hardware faults are cleared and the GPU takes reservations again
+            unless the next heartbeat reports the fault again.
+          </Text>
+          <TextInput label="Reason" required data-autofocus value={reason} onChange={(e) => setReason(e.currentTarget.value)}
+            placeholder="reseated the GPU, ran diagnostics" error={err?.fieldError("reason")} />
+          {ack.error && !err?.fieldError("reason") && <ErrorAlert error={ack.error} title="The server refused" />}
+          <Button type="submit" loading={ack.isPending}>Acknowledge</Button>
+        </Stack>
+      </form>
+    </Modal>
+  );
+}
+
+function StateChange({ server, to, onClose }: { server: Server; to: ServerState; onClose: () => void }) {
+  const [reason, setReason] = useState("");
+  const [anyway, setAnyway] = useState(false);
+  const queryClient = useQueryClient();
+  const preview = useQuery({
+    queryKey: ["drain-preview", server.id],
+    queryFn: () => api.get<DrainPreview>(`servers/${server.id}/drain-preview/`),
+  });
   const change = useMutation({
     mutationFn: () => api.post<Server>(`servers/${server.id}/state/`, { state: to, reason }),
     onSuccess: () => {
@@ -156,19 +285,64 @@ function StateChange({ server, to, onClose }: { server: Server; to: ServerState;
   });
   const err = change.error instanceof ApiError ? change.error : null;
   const verb = to === "draining" ? "Drain" : to === "maintenance" ? "Put into maintenance" : "Return to ready";
+  const unhealthy = server.gpus.filter((g) => g.health !== "healthy" || !g.present);
+  const mustConfirm = to === "ready" && unhealthy.length > 0;
+  const affected = preview.data?.reservations ?? [];
   return (
-    <Modal opened onClose={onClose} title={`${verb}: ${server.hostname}`}>
+    <Modal opened onClose={onClose} closeButtonProps={{ "aria-label": "Close" }} title={`${verb}: ${server.hostname}`} size="lg">
       <form onSubmit={(e) => { e.preventDefault(); change.mutate(); }}>
         <Stack>
           <Text size="sm" c="dimmed">
-            {to === "draining" && "Running reservations finish; no new ones are placed here."}
-            {to === "maintenance" && "The server takes no work until it is returned to ready."}
+            {to === "draining" && "No new reservations are placed here. The reservations below keep their GPUs: running ones run to their end, booked ones still start here."}
+            {to === "maintenance" && "The server takes no new work until it is returned to ready. The reservations below keep their GPUs."}
             {to === "ready" && "The server takes new reservations again."}
           </Text>
+          {mustConfirm && (
+            <Alert color="red" title="This server has unhealthy GPUs" data-testid="unhealthy-warning">
+              <Stack gap={4}>
+                <Text size="sm">
+                  {unhealthy.length} GPU{unhealthy.length === 1 ? " is" : "s are"} unhealthy or missing. Reservations are
+                  placed only on healthy GPUs, but tenants may be sent to a server with a fault you have not looked at.
+                </Text>
+                <List size="sm">
+                  {unhealthy.map((g) => (
+                    <List.Item key={g.uuid}>GPU {g.index}: {reasonList(g.health_reasons).map((r) => explainReason(r, g.telemetry?.[DCGM.temp])).join("; ") || (g.present ? g.health : "missing")}</List.Item>
+                  ))}
+                </List>
+                <Checkbox label="Return it to ready anyway" checked={anyway} onChange={(e) => setAnyway(e.currentTarget.checked)} />
+              </Stack>
+            </Alert>
+          )}
+          {to !== "ready" && (
+            <QueryState isLoading={preview.isLoading} error={preview.error} label="the reservations on this server">
+              <div data-testid="drain-affected">
+                <Text size="sm" fw={600}>
+                  {affected.length === 0 ? "No reservation holds GPUs of this server now or later." : `Reservations affected (${affected.length}):`}
+                </Text>
+                {affected.length > 0 && (
+                  <Table mt={4} withTableBorder>
+                    <Table.Thead>
+                      <Table.Tr><Table.Th>Reservation</Table.Th><Table.Th>Tenant</Table.Th><Table.Th>GPUs</Table.Th><Table.Th>Window ({shownZone()})</Table.Th></Table.Tr>
+                    </Table.Thead>
+                    <Table.Tbody>
+                      {affected.map((r) => (
+                        <Table.Tr key={r.reservation}>
+                          <Table.Td>{r.name} <Text span size="xs" c="dimmed">{r.reservation.slice(0, 8)} · {r.running ? "running now" : "starts later"}</Text></Table.Td>
+                          <Table.Td>{r.project}</Table.Td>
+                          <Table.Td>{r.gpus.join(", ")}</Table.Td>
+                          <Table.Td>{formatDateTime(r.starts_at)} – {formatDateTime(r.ends_at)}</Table.Td>
+                        </Table.Tr>
+                      ))}
+                    </Table.Tbody>
+                  </Table>
+                )}
+              </div>
+            </QueryState>
+          )}
           <TextInput label="Reason" required data-autofocus value={reason} onChange={(e) => setReason(e.currentTarget.value)}
             error={err?.fieldError("reason")} />
           {change.error && !err?.fieldError("reason") && <ErrorAlert error={change.error} title="The server refused" />}
-          <Button type="submit" loading={change.isPending}>{verb}</Button>
+          <Button type="submit" loading={change.isPending} disabled={mustConfirm && !anyway}>{verb}</Button>
         </Stack>
       </form>
     </Modal>

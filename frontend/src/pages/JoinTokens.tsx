@@ -1,4 +1,4 @@
-import { Alert, Button, Card, Code, CopyButton, Group, NumberInput, Stack, Table, Text, TextInput, Title } from "@mantine/core";
+import { Alert, Button, Card, Code, CopyButton, Group, NumberInput, Stack, Table, Text, TextInput, Title, VisuallyHidden } from "@mantine/core";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
 
@@ -7,6 +7,12 @@ import type { JoinToken, JoinTokenIssued, Page } from "../api/types";
 import { StateBadge } from "../components/Badges";
 import { ErrorAlert, QueryState } from "../components/QueryState";
 import { formatDateTime } from "../lib/format";
+import { shownZone } from "../lib/report";
+
+/** The whole command a new server runs to enroll: what the Copy button copies. */
+export function agentCommand(token: string, origin: string = window.location.origin): string {
+  return `python -m nodeagent run --server ${origin} --join-token ${token}`;
+}
 
 export function JoinTokensPage() {
   const queryClient = useQueryClient();
@@ -35,7 +41,7 @@ export function JoinTokensPage() {
 
   return (
     <Stack>
-      <Title order={2}>Join tokens</Title>
+      <Title order={1}>Join tokens</Title>
       <Text size="sm" c="dimmed">A join token lets one new server enroll its agent once; it then gets its own credential.</Text>
       <Card withBorder component="form" onSubmit={submit} aria-label="New join token">
         <Group align="flex-end">
@@ -47,13 +53,17 @@ export function JoinTokensPage() {
         {create.error && !err?.fieldError("note") && !err?.fieldError("ttl_s") && <ErrorAlert error={create.error} />}
       </Card>
       {issued && (
-        <Alert color="green" title="Join token created" withCloseButton onClose={() => setIssued(null)}>
+        <Alert color="green" title="Join token created" withCloseButton closeButtonLabel="Dismiss the join token" onClose={() => setIssued(null)}>
           <Text size="sm">Shown only once. On the new server run:</Text>
-          <Code block mt="xs" style={{ wordBreak: "break-all" }}>
-            {`python -m nodeagent run --server ${window.location.origin} --join-token ${issued.token}`}
+          <Code block mt="xs" style={{ wordBreak: "break-all" }} data-testid="agent-command">
+            {agentCommand(issued.token)}
           </Code>
-          <CopyButton value={issued.token}>
-            {({ copied, copy }) => <Button size="xs" mt="xs" variant="light" onClick={copy}>{copied ? "Copied" : "Copy token"}</Button>}
+          <CopyButton value={agentCommand(issued.token)}>
+            {({ copied, copy }) => (
+              <Button size="xs" mt="xs" variant="light" onClick={copy} data-copy-value={agentCommand(issued.token)}>
+                {copied ? "Copied the command" : "Copy command"}
+              </Button>
+            )}
           </CopyButton>
         </Alert>
       )}
@@ -64,7 +74,7 @@ export function JoinTokensPage() {
             <Table.Thead>
               <Table.Tr>
                 <Table.Th>Lookup</Table.Th><Table.Th>Note</Table.Th><Table.Th>Status</Table.Th><Table.Th>By</Table.Th>
-                <Table.Th>Expires</Table.Th><Table.Th>Server</Table.Th><Table.Th />
+                <Table.Th>Expires ({shownZone()})</Table.Th><Table.Th>Server</Table.Th><Table.Th><VisuallyHidden>Actions</VisuallyHidden></Table.Th>
               </Table.Tr>
             </Table.Thead>
             <Table.Tbody>

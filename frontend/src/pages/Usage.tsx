@@ -1,25 +1,16 @@
-import { Anchor, Badge, Button, Card, Group, SegmentedControl, Select, SimpleGrid, Stack, Table, Text, TextInput, Title } from "@mantine/core";
-import { BarChart, LineChart } from "@mantine/charts";
+import { Alert, Anchor, Badge, Button, Card, Group, List, SegmentedControl, SimpleGrid, Stack, Table, Text, TextInput, Title } from "@mantine/core";
+import { BarChart } from "@mantine/charts";
 import { useQuery } from "@tanstack/react-query";
-import { useState } from "react";
+import { useEffect, useState } from "react";
 import { Link } from "react-router";
 
 import { api, buildUrl, isMissingEndpoint } from "../api/client";
-import { useMe } from "../api/hooks";
 import type { Page } from "../api/types";
+import { LedgerTable, ProvisionalBadge } from "../components/Ledger";
+import { ProjectPicker, useProjectChoices } from "../components/ProjectPicker";
 import { NotAvailable, QueryState } from "../components/QueryState";
 import { formatCredits, formatDateTime, formatPercent } from "../lib/format";
-import { reportRange, type UsageReport, type UsagePoint } from "../lib/report";
-
-interface LedgerEntry {
-  id: number;
-  kind: string;
-  amount: string;
-  reservation: string | null;
-  reason: string;
-  actor_label: string;
-  created_at: string;
-}
+import { explainMoney, moneyByReservation, reportRange, shownZone, type LedgerLine, type UsagePoint, type UsageReport } from "../lib/report";
 
 type GroupBy = "day" | "user" | "gpu_model" | "reservation";
 
@@ -43,41 +34,69 @@ async function optional<T>(path: string, query: Record<string, string | undefine
 }
 
 export function UsagePage() {
-  const me = useMe().data!;
-  const [project, setProject] = useState<string | null>(me.memberships[0]?.project_slug ?? null);
+  const { choices } = useProjectChoices();
+  const [project, setProject] = useState<string | null>(null);
+  useEffect(() => {
+    if (!project && choices.length) setProject(choices[0].value);
+  }, [project, choices]);
   const [from, setFrom] = useState(monthStart());
   const [until, setUntil] = useState(tomorrow());
   const [groupBy, setGroupBy] = useState<GroupBy>("day");
+  const zone = shownZone();
   const range = reportRange(from, until);
   const query = { project: project ?? undefined, start: range.start, end: range.end, group_by: groupBy };
 
   const report = useQuery({
     queryKey: ["usage-report", query],
     enabled: !!project,
+    refetchInterval: 30_000,
     queryFn: () => optional<UsageReport>("usage/report", query),
+  });
+  const byReservation = useQuery({
+    queryKey: ["usage-report", { ...query, group_by: "reservation" }],
+    enabled: !!project,
+    refetchInterval: 30_000,
+    queryFn: () => optional<UsageReport>("usage/report", { ...query, group_by: "reservation" }),
   });
   const series = useQuery({
     queryKey: ["usage-timeseries", project, range],
     enabled: !!project,
-    queryFn: () => optional<UsagePoint[]>("usage/timeseries", { project: project ?? undefined, start: range.start, end: range.end, bucket: "day" }),
+    refetchInterval: 30_000,
+    queryFn: () => optional<UsagePoint[]>("usage/timeseries", { project: project ?? undefined, start: range.start, end: range.end, bucket: "hour" }),
   });
   const entries = useQuery({
     queryKey: ["ledger-entries", project, range],
     enabled: !!project,
     queryFn: () =>
-      api.get<Page<LedgerEntry>>("ledger/entries/", { project: project ?? undefined, created_after: range.start, created_before: range.end, limit: 200 }),
+      api.get<Page<LedgerLine>>("ledger/entries/", { project: project ?? undefined, created_after: range.start, created_before: range.end, limit: 200 }),
   });
 
   const rows = report.data?.rows ?? [];
   const totals = report.data?.totals;
+  const hourly = (series.data ?? []).map((p) => ({
+    hour: formatDateTime(p.at),
+    final: p.provisional ? 0 : p.used_gpu_hours,
+    provisional: p.provisional ? p.used_gpu_hours : 0,
+    idle: p.idle_gpu_hours,
+    util: p.util_mean_percent,
+  }));
+  const perReservation = (byReservation.data?.rows ?? []).map((r) => ({
+    reservation: `${r.label} ${r.key.slice(0, 8)}`,
+    booked: r.booked_gpu_hours,
+    final: r.provisional ? 0 : r.used_gpu_hours,
+    provisional: r.provisional ? r.used_gpu_hours : 0,
+  }));
+  const money = moneyByReservation(entries.data?.results ?? []);
   return (
     <Stack>
-      <Title order={2}>Usage</Title>
+      <Title order={1}>Usage</Title>
+      <Text size="sm" c="dimmed" data-testid="zone-note">
+        Usage is counted in UTC hours, so the report's days run from 00:00 to 24:00 UTC. Times shown are in {zone}.
+      </Text>
       <Group align="flex-end">
-        <Select label="Project" data={me.memberships.map((m) => ({ value: m.project_slug, label: m.project_name }))}
-          value={project} onChange={setProject} allowDeselect={false} />
-        <TextInput type="date" label="From (UTC)" value={from} onChange={(e) => setFrom(e.currentTarget.value)} />
-        <TextInput type="date" label="Until (UTC)" value={until} onChange={(e) => setUntil(e.currentTarget.value)} />
+        <ProjectPicker value={project} onChange={setProject} choices={choices} />
+        <TextInput type="date" label="From (UTC day)" value={from} onChange={(e) => setFrom(e.currentTarget.value)} />
+        <TextInput type="date" label="Until (UTC day, not included)" value={until} onChange={(e) => setUntil(e.currentTarget.value)} />
         {report.data && (
           <Button component="a" variant="default" href={buildUrl("usage/report.csv", query)} download data-testid="csv-download">
             Download CSV
@@ -88,110 +107,133 @@ export function UsagePage() {
       {report.data === null ? (
         <NotAvailable what="The usage report (GPU-hours, utilization, cost, CSV)" />
       ) : (
-        <QueryState isLoading={report.isLoading} error={report.error} label="the usage report">
+        <QueryState isLoading={!!project && report.isLoading} error={report.error} label="the usage report">
+          {report.data?.provisional && (
+            <Alert color="yellow" title="Some figures are provisional" data-testid="provisional-note">
+              Figures marked <b>provisional</b> are still settling: a reservation that is running (or just ended and not yet
+              settled) shows what it has booked and run so far, with credits estimated at its GPUs' rates until the ledger
+              charges it; and utilization, idle time and energy of the last hour or so are recomputed as telemetry
+              arrives{report.data.final_until ? ` (final up to ${formatDateTime(report.data.final_until)} ${zone})` : ""}.
+            </Alert>
+          )}
           {totals && (
             <SimpleGrid cols={{ base: 2, sm: 3, lg: 6 }} data-testid="usage-totals">
-              <Stat label="Booked GPU-h" value={totals.booked_gpu_hours.toFixed(2)} />
-              <Stat label="Used GPU-h" value={totals.used_gpu_hours.toFixed(2)} />
-              <Stat label="Idle GPU-h" value={totals.idle_gpu_hours.toFixed(2)} />
-              <Stat label="Mean utilization" value={formatPercent(totals.util_mean_percent)} warn={totals.low_utilization} />
-              <Stat label="Energy" value={`${totals.energy_kwh.toFixed(2)} kWh`} />
-              <Stat label="Credits / cost" value={`${formatCredits(totals.credits)} / ${totals.cost == null ? "–" : `${formatCredits(totals.cost)} ${totals.currency}`}`} />
+              <Stat label="Booked GPU-h" value={totals.booked_gpu_hours.toFixed(2)} provisional={totals.provisional} />
+              <Stat label="Used GPU-h" value={totals.used_gpu_hours.toFixed(2)} provisional={totals.provisional} />
+              <Stat label="Idle GPU-h" value={totals.idle_gpu_hours.toFixed(2)} provisional={totals.provisional} />
+              <Stat label="Mean utilization" value={formatPercent(totals.util_mean_percent)} warn={totals.low_utilization} provisional={totals.provisional} />
+              <Stat label="Energy" value={`${totals.energy_kwh.toFixed(2)} kWh`} provisional={totals.provisional} />
+              <Stat label="Credits / cost" value={`${formatCredits(totals.credits)} / ${totals.cost == null ? "–" : `${formatCredits(totals.cost)} ${totals.currency}`}`} provisional={totals.provisional} />
             </SimpleGrid>
           )}
           <Card withBorder>
             <Group justify="space-between" mb="xs">
-              <Text fw={600}>GPU-hours</Text>
+              <Title order={2} size="h4">GPU-hours</Title>
               <SegmentedControl size="xs" value={groupBy} onChange={(v) => setGroupBy(v as GroupBy)} aria-label="Group by"
-                data={[{ value: "day", label: "Day" }, { value: "user", label: "User" }, { value: "gpu_model", label: "GPU model" }, { value: "reservation", label: "Reservation" }]} />
+                data={[{ value: "day", label: "Day (UTC)" }, { value: "user", label: "User" }, { value: "gpu_model", label: "GPU model" }, { value: "reservation", label: "Reservation" }]} />
             </Group>
             {rows.length === 0 ? (
               <Text c="dimmed" size="sm" ta="center" p="md">No usage in this range.</Text>
             ) : (
-              <>
-                <BarChart h={240} data={rows} dataKey="label" withLegend
-                  series={[{ name: "booked_gpu_hours", label: "booked", color: "gray.5" }, { name: "used_gpu_hours", label: "used", color: "blue.6" }, { name: "idle_gpu_hours", label: "idle", color: "orange.5" }]} />
-                <Table.ScrollContainer minWidth={760} mt="md">
-                  <Table striped data-testid="usage-rows">
-                    <Table.Thead>
-                      <Table.Tr>
-                        <Table.Th>{groupBy.replace("_", " ")}</Table.Th><Table.Th>Booked GPU-h</Table.Th><Table.Th>Used GPU-h</Table.Th>
-                        <Table.Th>Idle GPU-h</Table.Th><Table.Th>Utilization</Table.Th><Table.Th>Energy kWh</Table.Th><Table.Th>Credits</Table.Th><Table.Th>Cost</Table.Th>
+              <Table.ScrollContainer minWidth={760}>
+                <Table striped data-testid="usage-rows">
+                  <Table.Thead>
+                    <Table.Tr>
+                      <Table.Th>{groupBy === "day" ? "Day (UTC)" : groupBy.replace("_", " ")}</Table.Th><Table.Th>Booked GPU-h</Table.Th><Table.Th>Used GPU-h</Table.Th>
+                      <Table.Th>Idle GPU-h</Table.Th><Table.Th>Utilization</Table.Th><Table.Th>Energy kWh</Table.Th><Table.Th>Credits</Table.Th><Table.Th>Cost</Table.Th>
+                    </Table.Tr>
+                  </Table.Thead>
+                  <Table.Tbody>
+                    {rows.map((r) => (
+                      <Table.Tr key={r.key} data-testid={`usage-row-${r.key}`}>
+                        <Table.Td>
+                          <Group gap={4} wrap="nowrap">
+                            {groupBy === "reservation" ? <Anchor component={Link} to={`/reservations/${r.key}`}>{r.label}</Anchor> : r.label}
+                            {r.provisional && <ProvisionalBadge />}
+                          </Group>
+                        </Table.Td>
+                        <Table.Td>{r.booked_gpu_hours.toFixed(2)}</Table.Td>
+                        <Table.Td>{r.used_gpu_hours.toFixed(2)}</Table.Td>
+                        <Table.Td>{r.idle_gpu_hours.toFixed(2)}</Table.Td>
+                        <Table.Td>{formatPercent(r.util_mean_percent)} {r.low_utilization && <Badge color="orange.9" variant="outline" size="xs">low</Badge>}</Table.Td>
+                        <Table.Td>{r.energy_kwh.toFixed(2)}</Table.Td>
+                        <Table.Td>{formatCredits(r.credits)}</Table.Td>
+                        <Table.Td>{r.cost == null ? "–" : `${formatCredits(r.cost)} ${r.currency}`}</Table.Td>
                       </Table.Tr>
-                    </Table.Thead>
-                    <Table.Tbody>
-                      {rows.map((r) => (
-                        <Table.Tr key={r.key}>
-                          <Table.Td>{groupBy === "reservation" ? <Anchor component={Link} to={`/reservations/${r.key}`}>{r.label}</Anchor> : r.label}</Table.Td>
-                          <Table.Td>{r.booked_gpu_hours.toFixed(2)}</Table.Td>
-                          <Table.Td>{r.used_gpu_hours.toFixed(2)}</Table.Td>
-                          <Table.Td>{r.idle_gpu_hours.toFixed(2)}</Table.Td>
-                          <Table.Td>{formatPercent(r.util_mean_percent)} {r.low_utilization && <Badge color="orange" size="xs">low</Badge>}</Table.Td>
-                          <Table.Td>{r.energy_kwh.toFixed(2)}</Table.Td>
-                          <Table.Td>{formatCredits(r.credits)}</Table.Td>
-                          <Table.Td>{r.cost == null ? "–" : `${formatCredits(r.cost)} ${r.currency}`}</Table.Td>
-                        </Table.Tr>
-                      ))}
-                    </Table.Tbody>
-                  </Table>
-                </Table.ScrollContainer>
-              </>
+                    ))}
+                  </Table.Tbody>
+                </Table>
+              </Table.ScrollContainer>
             )}
           </Card>
         </QueryState>
       )}
 
-      <Card withBorder>
-        <Text fw={600} mb="xs">Utilization by day</Text>
-        {series.data === null ? (
-          <NotAvailable what="The usage time series" />
-        ) : (
-          <QueryState isLoading={series.isLoading} error={series.error} isEmpty={(series.data ?? []).length === 0}
-            empty="No usage in this range." label="the time series">
-            <LineChart h={200} data={(series.data ?? []).map((p) => ({ ...p, util_mean_percent: p.util_mean_percent ?? 0 }))} dataKey="at" unit="%"
-              series={[{ name: "util_mean_percent", label: "mean utilization", color: "blue.6" }]} />
+      <SimpleGrid cols={{ base: 1, lg: 2 }}>
+        <Card withBorder>
+          <Title order={2} size="h4">Used GPU-hours by reservation</Title>
+          <Text size="xs" c="dimmed" mb="xs">Provisional: still running or not settled yet.</Text>
+          <QueryState isLoading={!!project && byReservation.isLoading} error={byReservation.error} isEmpty={perReservation.length === 0}
+            empty="No reservation used GPUs in this range." label="usage by reservation">
+            <div data-testid="chart-reservations" data-points={perReservation.length}>
+              <BarChart h={240} data={perReservation} dataKey="reservation" type="stacked" withLegend unit=" GPU-h"
+                series={[{ name: "final", label: "used", color: "blue.8" }, { name: "provisional", label: "used (provisional)", color: "yellow.6" }]} />
+            </div>
           </QueryState>
-        )}
-      </Card>
+        </Card>
+        <Card withBorder>
+          <Title order={2} size="h4">GPU-hours by hour ({zone})</Title>
+          <Text size="xs" c="dimmed" mb="xs">Each bar is one hour of use; hours not final yet are provisional.</Text>
+          {series.data === null ? (
+            <NotAvailable what="The usage time series" />
+          ) : (
+            <QueryState isLoading={!!project && series.isLoading} error={series.error} isEmpty={hourly.length === 0}
+              empty="No usage in this range." label="the time series">
+              <div data-testid="chart-hourly" data-points={hourly.length}>
+                <BarChart h={240} data={hourly} dataKey="hour" type="stacked" withLegend unit=" GPU-h"
+                  series={[{ name: "final", label: "used", color: "blue.8" }, { name: "provisional", label: "used (provisional)", color: "yellow.6" }, { name: "idle", label: "idle", color: "gray.6" }]} />
+              </div>
+            </QueryState>
+          )}
+        </Card>
+      </SimpleGrid>
 
       <Card withBorder>
-        <Text fw={600} mb="xs">Ledger entries</Text>
-        <QueryState isLoading={entries.isLoading} error={entries.error} isEmpty={entries.data?.results.length === 0}
+        <Title order={2} size="h4" mb="xs">Ledger entries</Title>
+        <Stack gap={4} mb="sm" data-testid="ledger-explained">
+          <Text size="sm">
+            How a reservation is paid for: booking it <b>holds</b> credits for its whole window, so they cannot be spent
+            twice. When it ends the hold is <b>released</b> in full, and a <b>charge</b> is taken for the time its container
+            actually ran. So the ledger shows three entries per reservation, and only the charge is a cost.
+          </Text>
+          {money.length > 0 && (
+            <List size="sm" spacing={2}>
+              {money.map((m) => (
+                <List.Item key={m.reservation}>
+                  <Anchor component={Link} to={`/reservations/${m.reservation}`}>{m.reservation.slice(0, 8)}</Anchor>: {explainMoney(m)}
+                </List.Item>
+              ))}
+            </List>
+          )}
+        </Stack>
+        <QueryState isLoading={!!project && entries.isLoading} error={entries.error} isEmpty={entries.data?.results.length === 0}
           empty="No ledger entries in this range." label="ledger entries">
-          <Table.ScrollContainer minWidth={600}>
-            <Table striped>
-              <Table.Thead>
-                <Table.Tr>
-                  <Table.Th>When</Table.Th><Table.Th>Kind</Table.Th><Table.Th>Credits</Table.Th>
-                  <Table.Th>Reservation</Table.Th><Table.Th>By</Table.Th><Table.Th>Reason</Table.Th>
-                </Table.Tr>
-              </Table.Thead>
-              <Table.Tbody>
-                {entries.data?.results.map((e) => (
-                  <Table.Tr key={e.id}>
-                    <Table.Td>{formatDateTime(e.created_at)}</Table.Td>
-                    <Table.Td>{e.kind}</Table.Td>
-                    <Table.Td>{formatCredits(e.amount)}</Table.Td>
-                    <Table.Td>{e.reservation ? <Anchor component={Link} to={`/reservations/${e.reservation}`}>{e.reservation.slice(0, 8)}</Anchor> : "–"}</Table.Td>
-                    <Table.Td>{e.actor_label}</Table.Td>
-                    <Table.Td>{e.reason}</Table.Td>
-                  </Table.Tr>
-                ))}
-              </Table.Tbody>
-            </Table>
-          </Table.ScrollContainer>
+          <LedgerTable entries={entries.data?.results ?? []} />
         </QueryState>
       </Card>
     </Stack>
   );
 }
 
-function Stat({ label, value, warn }: { label: string; value: string; warn?: boolean }) {
+function Stat({ label, value, warn, provisional }: { label: string; value: string; warn?: boolean; provisional?: boolean }) {
   return (
     <Card withBorder p="sm">
-      <Text size="xs" c="dimmed">{label}</Text>
-      <Text size="lg" fw={700} c={warn ? "orange" : undefined}>{value}</Text>
-      {warn && <Text size="xs" c="orange">under 70%</Text>}
+      <Group gap={4} justify="space-between" wrap="nowrap">
+        <Text size="xs" c="dimmed">{label}</Text>
+        {provisional && <ProvisionalBadge />}
+      </Group>
+      <Text size="lg" fw={700} c={warn ? "orange.9" : undefined}>{value}</Text>
+      {warn && <Text size="xs" c="orange.9">under 70%</Text>}
     </Card>
   );
 }
