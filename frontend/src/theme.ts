@@ -4,17 +4,7 @@
 // white, on the page's grey and on the colour's own light tint, and filled surfaces take black or white text,
 // whichever reads better.
 
-import {
-  Alert,
-  Anchor,
-  CloseButton,
-  DEFAULT_THEME,
-  Drawer,
-  Modal,
-  createTheme,
-  type CSSVariablesResolver,
-  type MantineColorsTuple,
-} from "@mantine/core";
+import { DEFAULT_THEME, createTheme, type CSSVariablesResolver, type MantineColorsTuple } from "@mantine/core";
 
 import { type Rgb, WHITE, darkenUntil, hexToRgb, over, rgbToHex } from "./lib/contrast";
 
@@ -59,15 +49,17 @@ export const theme = createTheme({
   // Black or white text on filled surfaces, whichever contrasts more: at luminance 0.179 both give 4.58:1.
   autoContrast: true,
   luminanceThreshold: 0.179,
+  // Plain objects rather than Modal.extend(...): importing the components here would pull Modal, Alert and the
+  // rest into the first load, which the sign-in page does not need.
   components: {
     // Every close button is named (an icon alone says nothing to a screen reader); a component may still pass
     // its own label.
-    CloseButton: CloseButton.extend({ defaultProps: { "aria-label": "Close" } as Record<string, string> }),
-    Modal: Modal.extend({ defaultProps: { closeButtonProps: { "aria-label": "Close" } } }),
-    Drawer: Drawer.extend({ defaultProps: { closeButtonProps: { "aria-label": "Close" } } }),
-    Alert: Alert.extend({ defaultProps: { closeButtonLabel: "Dismiss" } }),
+    CloseButton: { defaultProps: { "aria-label": "Close" } },
+    Modal: { defaultProps: { closeButtonProps: { "aria-label": "Close" } } },
+    Drawer: { defaultProps: { closeButtonProps: { "aria-label": "Close" } } },
+    Alert: { defaultProps: { closeButtonLabel: "Dismiss" } },
     // A link inside text is told apart by more than colour.
-    Anchor: Anchor.extend({ defaultProps: { underline: "always" } }),
+    Anchor: { defaultProps: { underline: "always" } },
   },
 });
 
