@@ -14,6 +14,8 @@ export const MIN_CONTRAST = 4.6;
 export const FILLED_SHADE = 8;
 /** The tint behind light-variant text: the filled shade at 10% over white, as Mantine mixes it. */
 export const LIGHT_ALPHA = 0.1;
+/** The same tint when hovered. */
+export const LIGHT_HOVER_ALPHA = 0.12;
 /** The lightest backgrounds text is drawn on besides white: gray 0 (cards, code) and gray 1 (table stripes). */
 const PAGE_GREYS = [DEFAULT_THEME.colors.gray[0], DEFAULT_THEME.colors.gray[1]].map(hexToRgb);
 
@@ -29,8 +31,20 @@ export interface AccessibleColor {
 export function accessibleColor(shades: MantineColorsTuple | readonly string[]): AccessibleColor {
   const filled = hexToRgb(shades[FILLED_SHADE]);
   const light = over(filled, LIGHT_ALPHA);
-  const text = darkenUntil(filled, [WHITE, ...PAGE_GREYS, light], MIN_CONTRAST);
+  const text = darkenUntil(filled, textBackgrounds(filled), MIN_CONTRAST);
   return { filled: rgbToHex(filled), light: rgbToHex(light), text: rgbToHex(text) };
+}
+
+/**
+ * What a colour's text may be drawn on: white and the page greys; its own tint, hovered (12%), over those; and
+ * its tint over any other colour's tint (a light button inside a green alert).
+ */
+export function textBackgrounds(filled: Rgb): Rgb[] {
+  const bases = [WHITE, ...PAGE_GREYS];
+  const tints = Object.entries(DEFAULT_THEME.colors)
+    .filter(([name]) => name !== "dark")
+    .map(([, shades]) => over(hexToRgb(shades[FILLED_SHADE]), LIGHT_ALPHA));
+  return [...bases, ...[...bases, ...tints].map((base) => over(filled, LIGHT_HOVER_ALPHA, base))];
 }
 
 /** Dimmed (secondary) text: Mantine's grey 6, darkened just enough. */

@@ -21,11 +21,18 @@ describe("contrast", () => {
 describe("the theme's colours", () => {
   const names = Object.keys(DEFAULT_THEME.colors).filter((n) => n !== "dark");
 
-  it.each(names)("%s: text reaches 4.5:1 on white, the page greys and its own tint", (name) => {
+  it.each(names)("%s: text reaches 4.5:1 on white, the page greys, its own tint (hovered too) and its tint over others'", (name) => {
     const c = accessibleColor(DEFAULT_THEME.colors[name]);
-    for (const bg of [WHITE, hexToRgb(DEFAULT_THEME.colors.gray[0]), hexToRgb(DEFAULT_THEME.colors.gray[1]), hexToRgb(c.light)]) {
-      expect(contrast(hexToRgb(c.text), bg)).toBeGreaterThanOrEqual(MIN_CONTRAST);
-    }
+    const filled = hexToRgb(c.filled);
+    const backgrounds = [WHITE, hexToRgb(DEFAULT_THEME.colors.gray[0]), hexToRgb(DEFAULT_THEME.colors.gray[1]), hexToRgb(c.light), over(filled, 0.12)];
+    for (const other of names) backgrounds.push(over(filled, 0.12, hexToRgb(accessibleColor(DEFAULT_THEME.colors[other]).light)));
+    for (const bg of backgrounds) expect(contrast(hexToRgb(c.text), bg)).toBeGreaterThanOrEqual(MIN_CONTRAST);
+  });
+
+  it("a blue light button inside a green alert (found by axe at 4.24:1) now reads", () => {
+    const blue = accessibleColor(DEFAULT_THEME.colors.blue);
+    const inAlert = over(hexToRgb(blue.filled), 0.1, hexToRgb(accessibleColor(DEFAULT_THEME.colors.green).light));
+    expect(contrast(hexToRgb(blue.text), inAlert)).toBeGreaterThanOrEqual(4.5);
   });
 
   it.each(names)("%s: a filled surface gets black or white text at 4.5:1 or more", (name) => {
