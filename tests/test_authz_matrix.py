@@ -138,6 +138,7 @@ ROWS: list[Row] = [
     row("DELETE", TOKEN, **dict(ONLY_ITS_USER, owner=204)),
     row("POST", TOKEN + "revoke/", **ONLY_ITS_USER),
     row("GET", "/api/v1/me/", **ANY_USER),
+    row("GET", "/api/v1/auth/session/", **PUBLIC),
     row("GET", "/api/v1/auth/csrf/", **PUBLIC),
     row("POST", "/api/v1/auth/login/", body={"username": "olive", "password": TEST_PASSWORD}, **PUBLIC),
     row("POST", "/api/v1/auth/logout/", **dict(PUBLIC, **{role: 204 for role in ROLES})),

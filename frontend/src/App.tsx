@@ -1,4 +1,4 @@
-import { AppShell, Burger, Button, Center, Group, Loader, NavLink, Text, Title } from "@mantine/core";
+import { Anchor, AppShell, Burger, Button, Center, Group, Loader, NavLink, Stack, Text, Title } from "@mantine/core";
 import { useDisclosure } from "@mantine/hooks";
 import { useQueryClient } from "@tanstack/react-query";
 import { lazy, Suspense } from "react";
@@ -8,6 +8,7 @@ import { api } from "./api/client";
 import { useMe } from "./api/hooks";
 import { ErrorAlert } from "./components/QueryState";
 import { DashboardPage } from "./pages/Dashboard";
+import { safeNext } from "./lib/redirect";
 import { LoginPage } from "./pages/Login";
 
 // The pages with charts pull in recharts, the largest part of the bundle; they load when first visited, so
@@ -58,7 +59,10 @@ export function App() {
     return (
       <Routes>
         <Route path="/login" element={<LoginPage />} />
-        <Route path="*" element={<Navigate to={`/login?next=${encodeURIComponent(location.pathname)}`} replace />} />
+        <Route
+          path="*"
+          element={<Navigate to={`/login?next=${encodeURIComponent(location.pathname + location.search + location.hash)}`} replace />}
+        />
       </Routes>
     );
   }
@@ -67,7 +71,7 @@ export function App() {
     <Shell username={me.data.username} operator={operator}>
       <Routes>
         <Route path="/" element={<DashboardPage />} />
-        <Route path="/login" element={<Navigate to="/" replace />} />
+        <Route path="/login" element={<SignedInAtLogin />} />
         <Route path="/availability" element={<AvailabilityPage />} />
         <Route path="/reservations/:id" element={<ReservationPage />} />
         <Route path="/usage" element={<UsagePage />} />
@@ -98,13 +102,30 @@ function Shell({ username, operator, children }: { username: string; operator: b
 
   const links = operator ? [...TENANT_LINKS, ...OPERATOR_LINKS] : TENANT_LINKS;
   return (
+    <>
+    {/* First in the page, so the first Tab reaches it: past the header and the navigation to the page itself. */}
+    <a
+      href="#main"
+      className="skip-link"
+      onClick={(e) => {
+        e.preventDefault();
+        const main = document.getElementById("main");
+        main?.focus();
+        main?.scrollIntoView();
+      }}
+    >
+      Skip to main content
+    </a>
     <AppShell header={{ height: 56 }} navbar={{ width: 220, breakpoint: "sm", collapsed: { mobile: !opened } }} padding="md">
       <AppShell.Header>
         <Group h="100%" px="md" justify="space-between" wrap="nowrap">
           <Group gap="sm" wrap="nowrap">
             <Burger opened={opened} onClick={toggle} hiddenFrom="sm" size="sm" aria-label="Toggle navigation" />
+            {/* The product's name, not a heading: each page's own title is its h1. */}
             <Link to="/" style={{ textDecoration: "none", color: "inherit" }}>
-              <Title order={4}>GPU control plane</Title>
+              <Text fw={700} size="lg">
+                GPU control plane
+              </Text>
             </Link>
           </Group>
           <Group gap="xs" wrap="nowrap">
@@ -130,7 +151,7 @@ function Shell({ username, operator, children }: { username: string; operator: b
           />
         ))}
       </AppShell.Navbar>
-      <AppShell.Main>
+      <AppShell.Main id="main" tabIndex={-1}>
         <Suspense
           fallback={
             <Center p="xl">
@@ -142,17 +163,40 @@ function Shell({ username, operator, children }: { username: string; operator: b
         </Suspense>
       </AppShell.Main>
     </AppShell>
+    </>
   );
 }
 
+/** Signed in but at /login (just signed in, or an old tab): on to the page that was asked for. */
+function SignedInAtLogin() {
+  const location = useLocation();
+  return <Navigate to={safeNext(new URLSearchParams(location.search).get("next"))} replace />;
+}
+
 function OperatorsOnly() {
-  return <Text>This page is for operators.</Text>;
+  return (
+    <Stack>
+      <Title order={1} size="h2">
+        For operators only
+      </Title>
+      <Text>This page is for operators.</Text>
+    </Stack>
+  );
 }
 
 function NotFound() {
   return (
-    <Text>
-      There is no page here. <Link to="/">Back to the dashboard</Link>.
-    </Text>
+    <Stack>
+      <Title order={1} size="h2">
+        Page not found
+      </Title>
+      <Text>
+        There is no page here.{" "}
+        <Anchor component={Link} to="/">
+          Back to the dashboard
+        </Anchor>
+        .
+      </Text>
+    </Stack>
   );
 }

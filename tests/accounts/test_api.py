@@ -220,3 +220,31 @@ def test_login_with_a_wrong_password_is_refused(team):
     response = APIClient().post("/api/v1/auth/login/", {"username": "olive", "password": "nope"})
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_credentials"
+
+
+def test_session_answers_200_signed_out_and_the_user_signed_in(team):
+    client = APIClient(enforce_csrf_checks=True)
+    signed_out = client.get("/api/v1/auth/session/")
+    assert signed_out.status_code == 200
+    assert signed_out.json() == {"authenticated": False, "user": None}
+    token = client.get("/api/v1/auth/csrf/").json()["csrf_token"]
+    login = client.post(
+        "/api/v1/auth/login/", {"username": "olive", "password": "pw-for-tests"}, HTTP_X_CSRFTOKEN=token
+    )
+    assert login.status_code == 200
+    signed_in = client.get("/api/v1/auth/session/").json()
+    assert signed_in["authenticated"] is True
+    assert signed_in["user"] == client.get("/api/v1/me/").json()
+    client.post("/api/v1/auth/logout/", HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
+    assert client.get("/api/v1/auth/session/").json() == {"authenticated": False, "user": None}
+
+
+def test_session_speaks_of_the_browser_session_not_a_bearer_token(team):
+    """A bearer token is not a portal session: the answer is 'signed out', still a 200 and never an error."""
+    plaintext = team.client(team.owner).post("/api/v1/tokens/", {"name": "ci"}).json()["token"]
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    assert client.get("/api/v1/me/").status_code == 200
+    response = client.get("/api/v1/auth/session/")
+    assert response.status_code == 200
+    assert response.json() == {"authenticated": False, "user": None}

@@ -19,6 +19,7 @@ OWN_PATHS = [
     "/api/v1/auth/login/",
     "/api/v1/auth/logout/",
     "/api/v1/auth/csrf/",
+    "/api/v1/auth/session/",
 ]
 
 

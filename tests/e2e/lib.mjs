@@ -57,7 +57,8 @@ export async function signOut(page) {
 const axeResults = {};
 
 /**
- * Runs axe-core on the page as it is now and fails on any critical or serious violation. Every result is kept
+ * Runs axe-core on the page as it is now and fails on any critical or serious violation (unless AXE_REPORT_ONLY
+ * is set). Every result is kept
  * (ARTIFACTS_DIR/axe-<script>.json), so the counts per page can be compared across runs.
  */
 export async function axeCheck(page, name) {
@@ -77,6 +78,8 @@ export async function axeCheck(page, name) {
   axeResults[name] = { counts, violations: result };
   console.log(`e2e | axe ${name}: ${JSON.stringify(counts)}`);
   const bad = result.filter((v) => v.impact === "critical" || v.impact === "serious");
+  // AXE_REPORT_ONLY=1 records every page's counts without stopping at the first one (for before/after tables).
+  if (process.env.AXE_REPORT_ONLY) return;
   expect(bad.length === 0, `axe on ${name}: ${bad.map((v) => `${v.impact} ${v.id} (${v.help}): ${v.nodes.join(" | ")}`).join(" || ")}`);
 }
 

@@ -6,7 +6,7 @@ import { generateKeyPairSync } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { ARTIFACTS, BASE, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
+import { ARTIFACTS, BASE, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
 
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
 
@@ -27,12 +27,14 @@ await run("portal", async (page) => {
   await page.goto(`${BASE}/availability`);
   await page.waitForURL(/\/login\?next=/);
   await shot(page, "01-login");
+  await axeCheck(page, "login");
 
   step("a wrong password is refused in words");
   await page.getByLabel("Username").fill(tenant.user);
   await page.getByLabel("Password").fill("not-the-password");
   await page.getByRole("button", { name: "Sign in" }).click();
   await page.getByRole("alert").waitFor();
+  await axeCheck(page, "login-error");
 
   step("the tenant signs in and sees the dashboard");
   await signIn(page, tenant);
@@ -41,6 +43,7 @@ await run("portal", async (page) => {
   const projectCard = await page.getByTestId("project-demo").innerText();
   expect(/credits/.test(projectCard), `project card shows credits: ${projectCard}`);
   await shot(page, "02-dashboard");
+  await axeCheck(page, "dashboard");
 
   step("availability shows the timeline and the quota effect");
   await page.getByRole("link", { name: "Book GPUs" }).first().click();
@@ -51,6 +54,7 @@ await run("portal", async (page) => {
   const effect = await page.getByTestId("quota-effect").innerText();
   expect(/credits/.test(effect) && /Balance/.test(effect), `quota effect is shown: ${effect}`);
   await shot(page, "03-availability");
+  await axeCheck(page, "availability");
 
   step("an impossible booking is refused with the server's reason");
   await page.getByLabel("GPUs", { exact: true }).fill("4000");
@@ -112,6 +116,7 @@ await run("portal", async (page) => {
   // The demo fleet is simulated, and the page says so beside the figures.
   await page.getByTestId("telemetry-simulated").waitFor();
   await shot(page, "05-reservation-running");
+  await axeCheck(page, "reservation-running");
   await page.getByTestId("telemetry-charts").screenshot({ path: join(ARTIFACTS, "05b-telemetry-charts.png") });
 
   step("the tenant releases the running reservation");
@@ -158,6 +163,7 @@ await run("portal", async (page) => {
     console.log("e2e | usage report not available on this server: shown as such");
   }
   await shot(page, "07-usage");
+  await axeCheck(page, "usage");
 
   step("API tokens: create (shown once) and revoke");
   await page.getByRole("link", { name: "API tokens" }).click();
@@ -165,6 +171,7 @@ await run("portal", async (page) => {
   await page.getByRole("button", { name: "Create token" }).click();
   await page.getByTestId("new-token").waitFor();
   await shot(page, "08-tokens");
+  await axeCheck(page, "tokens");
   await page.getByRole("button", { name: "Revoke token e2e script" }).first().click();
   await page.getByText("revoked").first().waitFor();
 
@@ -182,9 +189,17 @@ await run("portal", async (page) => {
   await page.getByTestId("added-key").waitFor();
   await page.getByRole("cell", { name: /^SHA256:/ }).first().waitFor();
   await shot(page, "08b-ssh-keys");
+  await axeCheck(page, "ssh-keys");
   await page.getByRole("button", { name: "Delete key e2e laptop" }).click();
   await page.getByRole("button", { name: "Delete key", exact: true }).click();
   await page.getByText("You have no SSH keys.").waitFor();
+
+  step("volumes page");
+  await page.getByRole("link", { name: "Volumes" }).click();
+  await page.getByRole("heading", { name: "Volumes" }).waitFor();
+  await page.getByRole("form", { name: "New volume" }).or(page.getByText("You are in no project.")).first().waitFor();
+  await page.waitForLoadState("networkidle");
+  await axeCheck(page, "volumes");
 
   step("phone width still works");
   await page.setViewportSize({ width: 390, height: 844 });
@@ -193,6 +208,7 @@ await run("portal", async (page) => {
   await shot(page, "09-dashboard-phone");
   await page.getByRole("button", { name: "Toggle navigation" }).click();
   await page.getByRole("link", { name: "Usage" }).waitFor();
+  await axeCheck(page, "dashboard-phone-nav-open");
   await page.setViewportSize({ width: 1366, height: 900 });
 
   step("tenants do not see operator pages");
@@ -206,12 +222,14 @@ await run("portal", async (page) => {
   await page.getByTestId("heatmap").waitFor();
   await page.getByText("simulated").first().waitFor();
   await shot(page, "10-fleet");
+  await axeCheck(page, "fleet");
 
   step("the operator drains a server");
   const row = page.locator('[data-testid^="server-"]').filter({ has: page.getByRole("button", { name: "Drain" }) }).first();
   const host = (await row.getAttribute("data-testid")).replace("server-", "");
   await row.getByRole("button", { name: "Drain" }).click();
   await page.getByLabel("Reason").fill("e2e: firmware update");
+  await axeCheck(page, "fleet-drain-dialog");
   await page.getByRole("dialog").getByRole("button", { name: "Drain" }).click();
   await page.getByTestId(`server-${host}`).getByText("draining").waitFor();
   await shot(page, "11-fleet-drained");
@@ -227,4 +245,5 @@ await run("portal", async (page) => {
   await page.getByRole("button", { name: "Create join token" }).click();
   await page.getByText("Join token created").waitFor();
   await shot(page, "12-join-tokens");
+  await axeCheck(page, "join-tokens");
 });

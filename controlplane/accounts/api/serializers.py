@@ -103,6 +103,11 @@ class MeSerializer(serializers.Serializer):
     memberships = MeMembershipSerializer(many=True)
 
 
+class SessionSerializer(serializers.Serializer):
+    authenticated = serializers.BooleanField(help_text="Whether this browser session is signed in.")
+    user = MeSerializer(allow_null=True, help_text="The signed-in user, as /me/ gives it; null when signed out.")
+
+
 class LoginSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=User._meta.get_field("username").max_length)
     password = serializers.CharField(max_length=PASSWORD_MAX, style={"input_type": "password"}, trim_whitespace=False)

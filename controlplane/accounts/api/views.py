@@ -189,6 +189,23 @@ class MeView(APIView):
         return Response(me_payload(request.user))
 
 
+class SessionView(APIView):
+    """Signed in or not, as an answer rather than an error: the portal asks on every load, and a signed-out
+    visitor is a state, not a failure (a 401 from /me/ is logged red in every browser console)."""
+
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(
+        summary="Whether this browser session is signed in, and as whom (200 either way)",
+        responses=s.SessionSerializer,
+    )
+    def get(self, request: Request) -> Response:
+        if not request.user.is_authenticated:
+            return Response({"authenticated": False, "user": None})
+        return Response({"authenticated": True, "user": me_payload(request.user)})
+
+
 class CsrfView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [permissions.AllowAny]

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { ApiError, buildUrl, createClient, isMissingEndpoint, parseErrorBody, readCookie } from "./client";
+import { ApiError, buildUrl, createClient, isClientError, isMissingEndpoint, parseErrorBody, readCookie } from "./client";
 
 function jsonResponse(status: number, body: unknown): Response {
   return new Response(body === undefined ? null : JSON.stringify(body), {
@@ -91,5 +91,16 @@ describe("createClient", () => {
     expect(err.message).toBe("The server could not be reached.");
     const missing = createClient((async () => jsonResponse(404, { error: { code: "not_found", message: "Not found.", fields: {} } })) as unknown as typeof fetch, () => "");
     expect(isMissingEndpoint(await missing.request("usage/report/").catch((e: ApiError) => e))).toBe(true);
+  });
+});
+
+describe("isClientError", () => {
+  it("is a 4xx ApiError only", () => {
+    const err = (status: number) => new ApiError(status, { code: "x", message: "x", fields: {} });
+    expect(isClientError(err(404))).toBe(true);
+    expect(isClientError(err(400))).toBe(true);
+    expect(isClientError(err(500))).toBe(false);
+    expect(isClientError(err(0))).toBe(false);
+    expect(isClientError(new Error("boom"))).toBe(false);
   });
 });

@@ -30,6 +30,11 @@ export class ApiError extends Error {
   }
 }
 
+/** A 4xx: the server understood and refused; asking the same again (a retry, a poll) gets the same answer. */
+export function isClientError(err: unknown): boolean {
+  return err instanceof ApiError && err.status >= 400 && err.status < 500;
+}
+
 const STATUS_TEXT: Record<number, string> = {
   400: "The request was not valid.",
   401: "You are not signed in.",

@@ -1,22 +1,28 @@
 import { useQuery } from "@tanstack/react-query";
 
-import { ApiError, api } from "./client";
-import type { Balance, GpuModel, Me, Page, QuotaPolicy, Reservation, Server } from "./types";
+import { api, isClientError } from "./client";
+import type { Balance, GpuModel, Me, Page, QuotaPolicy, Reservation, Server, Session } from "./types";
 
+/** The signed-in user, or null when signed out. Asked of auth/session/, which answers 200 either way: a signed-out
+ * visit is a state, not an error, and logs no failed request in the browser's console. */
 export function useMe() {
   return useQuery<Me | null>({
     queryKey: ["me"],
     queryFn: async () => {
-      try {
-        return await api.get<Me>("me/");
-      } catch (e) {
-        // Not signed in is a state, not an error.
-        if (e instanceof ApiError && (e.status === 401 || e.status === 403)) return null;
-        throw e;
-      }
+      const session = await api.get<Session>("auth/session/");
+      return session.authenticated ? session.user : null;
     },
     staleTime: 60_000,
   });
+}
+
+/**
+ * A `refetchInterval` that polls every `ms` until the query fails with a 4xx (an unknown or forbidden object):
+ * the answer will not change, so it is not asked again. A per-query interval overrides the QueryClient's retry
+ * rule, which is why a polled query needs this.
+ */
+export function pollUnlessRefused(ms: number) {
+  return (query: { state: { error: unknown } }): number | false => (isClientError(query.state.error) ? false : ms);
 }
 
 export function useBalances() {

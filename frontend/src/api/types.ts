@@ -16,6 +16,9 @@ export interface Me {
   memberships: { project_id: number; project_slug: string; project_name: string; role: Role }[];
 }
 
+/** GET auth/session/: 200 signed in or not. */
+export type Session = { authenticated: true; user: Me } | { authenticated: false; user: null };
+
 export interface Balance {
   project: string;
   balance: string;

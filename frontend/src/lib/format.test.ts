@@ -40,9 +40,9 @@ describe("format", () => {
 
   it("short uuids and heat colours", () => {
     expect(shortUuid("GPU-12345678-aaaa-bbbb")).toBe("GPU-12345678…");
-    expect(heatColor(0)).toBe("hsl(120 70% 45%)");
-    expect(heatColor(100)).toBe("hsl(0 70% 45%)");
-    expect(heatColor(250)).toBe("hsl(0 70% 45%)");
+    expect(heatColor(0)).toBe("hsl(120 70% 28%)");
+    expect(heatColor(100)).toBe("hsl(0 70% 28%)");
+    expect(heatColor(250)).toBe("hsl(0 70% 28%)");
     expect(heatColor(null)).toContain("gray");
   });
 });

@@ -5,6 +5,7 @@ import { useNavigate, useSearchParams } from "react-router";
 
 import { ApiError, api } from "../api/client";
 import type { Me } from "../api/types";
+import { safeNext } from "../lib/redirect";
 
 export function LoginPage() {
   const [username, setUsername] = useState("");
@@ -22,8 +23,7 @@ export function LoginPage() {
     try {
       const me = await api.post<Me>("auth/login/", { username, password });
       queryClient.setQueryData(["me"], me);
-      const next = params.get("next");
-      navigate(next && next.startsWith("/") && next !== "/login" ? next : "/", { replace: true });
+      navigate(safeNext(params.get("next")), { replace: true });
     } catch (err) {
       setError(err instanceof ApiError ? err : new ApiError(0, { code: "error", message: String(err), fields: {} }));
     } finally {
@@ -32,11 +32,13 @@ export function LoginPage() {
   }
 
   return (
-    <Center mih="100vh" p="md">
+    <Center component="main" mih="100vh" p="md">
       <Paper withBorder shadow="sm" p="xl" w={380} maw="100%">
         <form onSubmit={submit} aria-label="Sign in">
           <Stack>
-            <Title order={3}>Sign in</Title>
+            <Title order={1} size="h3">
+              Sign in
+            </Title>
             {error && !error.fields.username && !error.fields.password && (
               <Alert color="red" role="alert">
                 {error.message}

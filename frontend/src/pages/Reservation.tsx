@@ -20,6 +20,7 @@ import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
 
 import { ApiError, api, isMissingEndpoint } from "../api/client";
+import { pollUnlessRefused } from "../api/hooks";
 import type { ReservationDetail, ReservationTelemetry } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ConnectPanel } from "../components/ConnectPanel";
@@ -39,7 +40,7 @@ export function ReservationPage() {
   const reservation = useQuery({
     queryKey: ["reservation", id],
     queryFn: () => api.get<ReservationDetail>(`reservations/${id}/`),
-    refetchInterval: POLL_MS,
+    refetchInterval: pollUnlessRefused(POLL_MS),
   });
   const r = reservation.data;
   return (

@@ -1,0 +1,159 @@
+// Portal-wide accessibility and sign-in (issue 12): the skip link, named modal close buttons, visible focus on
+// inputs, sign-in returning to the page asked for (and never to another site), a signed-out load that logs no
+// error, an unknown reservation asked for once, and the API docs rendering with every external request blocked.
+
+import { generateKeyPairSync } from "node:crypto";
+
+import { BASE, axeCheck, expect, operator, run, signOut, step, tenant } from "./lib.mjs";
+
+const POLL_MS = 3000; // the reservation page's polling interval
+
+function sshPublicKey(comment) {
+  const raw = Buffer.from(generateKeyPairSync("ed25519").publicKey.export({ format: "jwk" }).x, "base64url");
+  const part = (bytes) => {
+    const length = Buffer.alloc(4);
+    length.writeUInt32BE(bytes.length);
+    return Buffer.concat([length, bytes]);
+  };
+  return `ssh-ed25519 ${Buffer.concat([part(Buffer.from("ssh-ed25519")), part(raw)]).toString("base64")} ${comment}`;
+}
+
+async function signInHere(page, who) {
+  await page.getByLabel("Username").fill(who.user);
+  await page.getByLabel("Password").fill(who.password);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.getByTestId("signed-in-as").waitFor();
+}
+
+/** The focused element's focus indicator, as computed: a non-zero outline or a box shadow. */
+async function focusRing(page) {
+  return page.evaluate(() => {
+    const el = document.activeElement;
+    // A PasswordInput's real <input> sits inside the framed element that draws the ring.
+    const frame = el.closest(".mantine-Input-input") ?? el;
+    const s = getComputedStyle(frame);
+    return { tag: el.tagName, outline: `${s.outlineStyle} ${s.outlineWidth}`, width: parseFloat(s.outlineWidth), style: s.outlineStyle, shadow: s.boxShadow };
+  });
+}
+
+await run("a11y", async (page, context) => {
+  step("a signed-out load asks whether it is signed in without an error: no 401, nothing red in the console");
+  const consoleErrors = [];
+  const unauthorized = [];
+  const onConsole = (m) => { if (m.type() === "error") consoleErrors.push(m.text()); };
+  const onResponse = (r) => { if (r.status() === 401) unauthorized.push(r.url()); };
+  page.on("console", onConsole);
+  page.on("response", onResponse);
+  await page.goto(`${BASE}/usage?project=demo`);
+  await page.waitForURL(/\/login\?next=/);
+  await page.getByLabel("Username").waitFor();
+  await page.waitForLoadState("networkidle");
+  expect(unauthorized.length === 0, `no 401 on a signed-out load: ${unauthorized.join(", ")}`);
+  expect(consoleErrors.length === 0, `no console error on a signed-out load: ${consoleErrors.join(" | ")}`);
+  page.off("console", onConsole);
+  page.off("response", onResponse);
+
+  step("the password field shows a visible focus ring");
+  await page.getByLabel("Password").focus();
+  const pwRing = await focusRing(page);
+  expect((pwRing.style !== "none" && pwRing.width >= 2) || pwRing.shadow !== "none", `focus is visible on the password field: ${JSON.stringify(pwRing)}`);
+
+  step("sign-in returns to the page that was asked for, query and all");
+  expect(new URL(page.url()).searchParams.get("next") === "/usage?project=demo", `next keeps the query: ${page.url()}`);
+  await signInHere(page, tenant);
+  await page.waitForURL((u) => u.pathname === "/usage" && u.search === "?project=demo");
+
+  step("the first Tab reaches the skip link; Enter moves focus to the page's main content");
+  await page.goto(`${BASE}/no-such-page`);
+  await page.getByRole("heading", { level: 1, name: "Page not found" }).waitFor();
+  await axeCheck(page, "not-found");
+  await page.keyboard.press("Tab");
+  const first = await page.evaluate(() => ({ text: document.activeElement?.textContent, href: document.activeElement?.getAttribute("href") }));
+  expect(first.text === "Skip to main content", `the first Tab focuses the skip link: ${JSON.stringify(first)}`);
+  expect(await page.getByRole("link", { name: "Skip to main content" }).isVisible(), "the focused skip link is visible");
+  await page.keyboard.press("Enter");
+  const afterSkip = await page.evaluate(() => ({ tag: document.activeElement?.tagName, id: document.activeElement?.id }));
+  expect(afterSkip.tag === "MAIN" && afterSkip.id === "main", `Enter on the skip link focuses main: ${JSON.stringify(afterSkip)}`);
+  await page.keyboard.press("Tab");
+  const inMain = await page.evaluate(() => ({ inMain: Boolean(document.activeElement?.closest("main")), text: document.activeElement?.textContent }));
+  expect(inMain.inMain, `the next Tab after the skip link is in the main content: ${JSON.stringify(inMain)}`);
+
+  step("the header's product name is not a heading: the page's own title is the one h1");
+  const h1s = await page.getByRole("heading", { level: 1 }).allInnerTexts();
+  expect(h1s.length === 1 && h1s[0] === "Page not found", `one h1, the page's own: ${JSON.stringify(h1s)}`);
+  expect((await page.getByRole("heading", { name: "GPU control plane" }).count()) === 0, "the header's name is no heading");
+
+  step("a text input shows a visible focus ring");
+  await page.goto(`${BASE}/tokens`);
+  await page.getByLabel("Name").focus();
+  const ring = await focusRing(page);
+  expect((ring.style !== "none" && ring.width >= 2) || ring.shadow !== "none", `focus is visible on a text input: ${JSON.stringify(ring)}`);
+
+  step("a modal's close button is named (SSH key deletion)");
+  await page.goto(`${BASE}/ssh-keys`);
+  const keyForm = page.getByRole("form", { name: "New SSH key" });
+  await keyForm.waitFor();
+  await keyForm.getByLabel("Name").fill("a11y key");
+  await keyForm.getByLabel("Public key").fill(sshPublicKey("a11y@portal"));
+  await page.getByRole("button", { name: "Add key" }).click();
+  await page.getByTestId("added-key").waitFor();
+  await page.getByRole("button", { name: "Delete key a11y key" }).click();
+  const dialog = page.getByRole("dialog");
+  await dialog.waitFor();
+  await dialog.getByRole("button", { name: "Close" }).waitFor();
+  await axeCheck(page, "ssh-key-delete-dialog");
+  await dialog.getByRole("button", { name: "Close" }).click();
+  await dialog.waitFor({ state: "hidden" });
+  await page.getByRole("button", { name: "Delete key a11y key" }).click();
+  await page.getByRole("button", { name: "Delete key", exact: true }).click();
+  await page.getByRole("button", { name: "Delete key a11y key" }).waitFor({ state: "detached" });
+
+  step("an unknown reservation is asked for once: a 404 is neither retried nor polled");
+  const unknown = "00000000-0000-4000-8000-000000000000";
+  const asked = [];
+  const onRequest = (r) => { if (new URL(r.url()).pathname === `/api/v1/reservations/${unknown}/`) asked.push(r.method()); };
+  page.on("request", onRequest);
+  await page.goto(`${BASE}/reservations/${unknown}`);
+  await page.getByRole("alert").waitFor();
+  await page.waitForTimeout(2 * POLL_MS + 1000);
+  page.off("request", onRequest);
+  expect(asked.length === 1, `the unknown reservation was asked for once, not ${asked.length} times`);
+  await axeCheck(page, "reservation-not-found");
+
+  step("sign-in refuses to send anyone to another site");
+  await signOut(page);
+  for (const next of ["https://evil.example/", "//evil.example/", "/\\evil.example"]) {
+    await page.goto(`${BASE}/login?next=${encodeURIComponent(next)}`);
+    await signInHere(page, tenant);
+    await page.waitForURL((u) => u.origin === new URL(BASE).origin && u.pathname === "/");
+    await signOut(page);
+  }
+
+  step("the operator's modal close button is named too (drain dialog), and closing it drains nothing");
+  await page.goto(`${BASE}/fleet`);
+  await page.waitForURL(/\/login/);
+  await signInHere(page, operator);
+  await page.waitForURL(/\/fleet$/);
+  await page.getByTestId("heatmap").waitFor();
+  const row = page.locator('[data-testid^="server-"]').filter({ has: page.getByRole("button", { name: "Drain" }) }).first();
+  await row.getByRole("button", { name: "Drain" }).click();
+  await page.getByRole("dialog").getByRole("button", { name: "Close" }).click();
+  await page.getByRole("dialog").waitFor({ state: "hidden" });
+  await row.getByRole("button", { name: "Drain" }).waitFor();
+
+  step("the API docs render offline: Swagger UI lists the operations with every external request blocked");
+  const blocked = [];
+  const origin = new URL(BASE).origin;
+  await context.route("**/*", (route) => {
+    if (new URL(route.request().url()).origin === origin) return route.continue();
+    blocked.push(route.request().url());
+    return route.abort();
+  });
+  await page.goto(`${BASE}/api/v1/docs/`);
+  await page.locator(".opblock").first().waitFor({ timeout: 30_000 });
+  const operations = await page.locator(".opblock").count();
+  expect(operations >= 20, `Swagger UI shows the API's operations: ${operations}`);
+  expect(await page.getByText("/api/v1/reservations/", { exact: false }).count() > 0, "the reservations endpoints are listed");
+  console.log(`e2e | swagger: ${operations} operations; external requests blocked: ${blocked.length ? blocked.join(", ") : "none made"}`);
+  await context.unroute("**/*");
+});
