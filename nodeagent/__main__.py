@@ -141,7 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
         "default the hostname)",
     )
     run.add_argument("--no-ssh", action="store_true", help="no SSH gateway")
+    run.add_argument(
+        "--container-scope",
+        metavar="NAME",
+        default=env("NODEAGENT_CONTAINER_SCOPE"),
+        help="when agents of several control planes share one Docker engine (simulated fleets on one host), a "
+        "name that keeps their containers apart: this agent owns only the containers labelled "
+        "<NAME>/<hostname> (NODEAGENT_CONTAINER_SCOPE; default none: the label is the hostname)",
+    )
     return parser
+
+
+def container_owner(hostname: str, scope: str | None) -> str:
+    """The ``gpucp.node`` label value of the containers this agent owns (and may stop or remove)."""
+    return f"{scope}/{hostname}" if scope else hostname
 
 
 def parse_listen(value: str, *, flag: str = "--listen") -> tuple[str, int]:
@@ -244,6 +257,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"nodeagent: {exc}", file=sys.stderr)
             return 2
     hostname = args.hostname or socket.gethostname()
+    owner = container_owner(hostname, args.container_scope)
     host = HostCollector(hostname=hostname)
     gpu_numa: dict[str, int | None] = {}
     volumes: VolumeStore | None = None
@@ -257,7 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runtime = make_runtime(
             args.runtime,
             state_dir=args.state_dir,
-            hostname=hostname,
+            hostname=owner,
             numa_cpus=host.collect().numa_cpus,
             gpu_numa=lambda uuid: gpu_numa.get(uuid),
             volumes=volumes,
@@ -295,7 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         gateway = SshGateway(
             state_dir=args.state_dir,
-            node=hostname,
+            node=owner,
             bind=ssh_bind,
             address=args.ssh_address or hostname,
             # Nobody can log in before the agent's first converge, so the agent exists by the first event.
@@ -325,7 +339,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             gateway=gateway,
         )
         holder["agent"] = agent
-        shipper = start_log_shipper(args, runtime, hostname, lambda: holder["agent"].credential)
+        shipper = start_log_shipper(args, runtime, owner, lambda: holder["agent"].credential)
         agent.run()
     except AgentStopped as exc:
         backend.close()

@@ -10,6 +10,7 @@ Ctrl-C/SIGTERM, stops them all.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -82,6 +83,11 @@ def parse_bind(raw: str, port: int | None) -> tuple[str, int]:
 
 def agent_state_dir(member: FleetMember) -> Path:
     return Path(settings.VAR_DIR) / "agents" / member.hostname
+
+
+def container_scope() -> str:
+    """A name for this system's containers on a shared Docker engine: its var directory, hashed."""
+    return "sys-" + hashlib.sha256(str(Path(settings.VAR_DIR).resolve()).encode()).hexdigest()[:10]
 
 
 def portal_is_stale(frontend: Path) -> bool:
@@ -305,6 +311,9 @@ class Command(BaseCommand):
             "--volume-root", str(volume_root),
             # The simulated fleet shares one host: each agent's SSH gateway takes a free loopback port.
             *(["--ssh-listen", "127.0.0.1:0", "--ssh-address", "127.0.0.1"] if use_docker else ["--no-ssh"]),
+            # Two systems on one host (two checkouts, a test beside a demo) share the engine and the demo's
+            # hostnames: the scope keeps each system's agents off the other's containers.
+            "--container-scope", container_scope(),
         ]  # fmt: skip
 
     # --- running ----------------------------------------------------------------------------------------
