@@ -214,7 +214,7 @@ def book(
     \b
     gpucp book --gpus 2 --model H100-80GB --hours 4 --image registry.example/train:1 -- python train.py
     """
-    sent_start, start_at = _start(start)
+    sent_start, _ = _start(start)
     variables = _env(env)
     mounts = [*(_volume(v) for v in volume_args), *(_dataset(d) for d in dataset_args)]
     api = state.api()
@@ -222,7 +222,9 @@ def book(
         "project": default_project(api, project),
         "name": name or _default_name(image),
         "spec": {"gpu_model": model, "gpu_count": count},
-        "window": {"start": sent_start, "end": _iso(start_at + timedelta(hours=hours))},
+        # A duration, not an end: `--start now` then sends the same body on every run, so a run again with the
+        # same --idempotency-key replays the first booking instead of being refused as another request.
+        "window": {"start": sent_start, "duration": max(1, round(hours * 3600))},
         "container": {
             "image": image,
             "command": list(command),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -103,6 +104,16 @@ def test_a_repeated_book_with_the_same_idempotency_key_books_once(gpucp: Gpucp):
     # The same key for another booking is the API's 422, not a second booking.
     other = gpucp("book", "--model", "H100-80GB", "--hours", "2", "--image", IMAGE, *args)
     assert other.exit_code == 1 and "(idempotency_key_reused)" in other.stderr
+    assert Reservation.objects.count() == 1
+
+
+def test_a_repeated_book_starting_now_with_the_same_key_books_once(gpucp: Gpucp):
+    """`--start now` sends a duration, not an end that moves with the clock, so the second run is the same request."""
+    args = ("--start", "now", "--idempotency-key", "retry-after-a-crash")
+    first = book(gpucp, *args)
+    time.sleep(1.1)  # a computed end would now differ by a second
+    second = book(gpucp, *args)
+    assert first["id"] == second["id"]
     assert Reservation.objects.count() == 1
 
 
