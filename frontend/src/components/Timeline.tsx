@@ -167,7 +167,7 @@ export function Timeline(props: {
             return (
               <div key={g.gpu} data-testid={`gpu-row-${g.server}-${g.index}`} data-unavailable={g.unavailable?.reason ?? ""}>
                 {header && (
-                  <Group gap="xs" mt="xs" mb={2} className="tl-sticky" wrap="wrap">
+                  <Group gap="xs" mt="xs" mb={2} className="tl-sticky tl-server" wrap="wrap">
                     <Text size="sm" fw={600}>
                       {g.server}
                     </Text>
@@ -177,7 +177,7 @@ export function Timeline(props: {
                     {props.simulatedHosts.has(g.server) && <SimulatedBadge />}
                     {serverDown && (
                       <>
-                        <Badge size="sm" color="gray" variant="outline" data-testid={`unavailable-${g.server}`}>
+                        <Badge size="sm" color="dark" variant="outline" data-testid={`unavailable-${g.server}`}>
                           {REASON_TEXT[serverDown.reason] ?? serverDown.reason}
                         </Badge>
                         <Text size="xs">not bookable{serverDown.detail ? `: ${serverDown.detail}` : ""}</Text>

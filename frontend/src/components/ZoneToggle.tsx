@@ -1,4 +1,4 @@
-import { SegmentedControl, Text, Tooltip } from "@mantine/core";
+import { Button, SegmentedControl, Text, Tooltip } from "@mantine/core";
 import { useSyncExternalStore } from "react";
 
 import { setZoneMode, shownZone, subscribeZone, viewerZone, zoneLabel, zoneMode, type ZoneMode } from "../lib/format";
@@ -21,20 +21,44 @@ export function ZoneToggle() {
       </Text>
     );
   }
+  const other: ZoneMode = zoneMode() === "utc" ? "viewer" : "utc";
   return (
-    <Tooltip label={`Times are shown in ${label}`} withArrow>
-      <SegmentedControl
-        size="xs"
-        aria-label={`Time zone shown: ${label}`}
-        data-testid="zone-toggle"
-        data-zone={zone}
-        value={zoneMode()}
-        onChange={(v) => setZoneMode(v as ZoneMode)}
-        data={[
-          { value: "viewer", label: city },
-          { value: "utc", label: "UTC" },
-        ]}
-      />
-    </Tooltip>
+    <>
+      <Tooltip label={`Times are shown in ${label}`} withArrow>
+        <SegmentedControl
+          visibleFrom="sm"
+          size="xs"
+          aria-label={`Time zone shown: ${label}`}
+          data-testid="zone-toggle"
+          data-zone={zone}
+          value={zoneMode()}
+          onChange={(v) => setZoneMode(v as ZoneMode)}
+          data={[
+            { value: "viewer", label: city },
+            { value: "utc", label: "UTC" },
+          ]}
+        />
+      </Tooltip>
+      {/* Phones: one short button that names the zone shown and switches to the other. */}
+      <Button
+        hiddenFrom="sm"
+        variant="default"
+        size="compact-xs"
+        data-testid="zone-toggle-compact"
+        aria-label={`Time zone shown: ${label}. Show ${other === "utc" ? "UTC" : viewer}`}
+        onClick={() => setZoneMode(other)}
+      >
+        {shortName(zone)}
+      </Button>
+    </>
   );
+}
+
+/** "GMT+1", "PST", "UTC": the zone's short name in English. */
+function shortName(zone: string): string {
+  if (zone === "UTC") return "UTC";
+  const part = new Intl.DateTimeFormat("en-US", { timeZone: zone, timeZoneName: "short" })
+    .formatToParts(new Date())
+    .find((p) => p.type === "timeZoneName");
+  return part?.value ?? zone;
 }

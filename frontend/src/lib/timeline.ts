@@ -80,7 +80,7 @@ const HOUR_STEPS = [1, 2, 3, 6, 12];
  * hours, the finest that leaves `minGapPx` between labels; when even 12 hours are too close, lines at
  * midnight only, unlabelled (the date row names them).
  */
-export function axis(range: Range, trackPx: number, zone: string = shownZone(), minGapPx = 46): { days: AxisDay[]; hours: AxisHour[]; stepHours: number } {
+export function axis(range: Range, trackPx: number, zone: string = shownZone(), minGapPx = 38): { days: AxisDay[]; hours: AxisHour[]; stepHours: number } {
   const span = range.end - range.start;
   if (span <= 0 || trackPx <= 0) return { days: [], hours: [], stepHours: 0 };
   const pxPerHour = (trackPx * HOUR) / span;
