@@ -267,7 +267,8 @@ await run(
     await checkAxis(page, "America/Los_Angeles", 3);
     const compact = page.getByTestId("zone-toggle-compact");
     await compact.waitFor();
-    expect(/Los_Angeles/.test(await compact.getAttribute("aria-label")), "the phone header names the zone");
+    const compactName = await compact.getAttribute("aria-label");
+    expect(/Los_Angeles/.test(compactName), `the phone header names the zone: ${compactName}`);
     const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
     expect(overflow <= 1, `the page does not scroll sideways at phone width (${overflow}px too wide)`);
     await page.getByRole("button", { name: "Book 1 GPU" }).scrollIntoViewIfNeeded();

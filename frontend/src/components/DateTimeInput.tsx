@@ -15,11 +15,10 @@ export function DateTimeInput(props: {
   onChange: (ms: number) => void;
   disabled?: boolean;
   error?: string;
-  shownAs?: string; // what to show instead of the value (e.g. "now")
 }) {
   const zone = useShownZone();
   const [draft, setDraft] = useState<string | null>(null); // what the user is typing, until it leaves the field
-  const shown = props.shownAs ?? (props.value === null ? "" : formatDateTime(props.value, zone));
+  const shown = props.value === null ? "" : formatDateTime(props.value, zone);
   const bad = draft !== null && draft.trim() !== "" && parseDateTime(draft, zone) === null;
   return (
     <TextInput

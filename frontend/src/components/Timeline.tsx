@@ -55,19 +55,18 @@ export function Timeline(props: {
   const downFrom = placeSegment(range, Math.max(now, range.start), range.end);
   const snap = trackPx / ((range.end - range.start) / HOUR) >= 120 ? HOUR / 4 : HOUR;
 
-  // Keep the window (or now) in view when the zoom changes.
+  // Keep the window (or now) in view when the zoom changes (only then: not on every pick).
   useEffect(() => {
     const el = scroller.current;
     if (!el) return;
     const at = props.pick?.start ?? now;
     const f = (at - range.start) / (range.end - range.start);
     el.scrollLeft = Math.max(0, labelPx + f * trackPx - el.clientWidth / 4);
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [zoom]);
 
+  // After a pick, announce the window it set (the words arrive with the next render).
   useEffect(() => {
     if (announce && props.pickText) setAnnounce(props.pickText);
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [props.pickText]);
 
   function pickAt(t: number) {

@@ -45,7 +45,7 @@ export function ZoneToggle() {
         variant="default"
         size="compact-xs"
         data-testid="zone-toggle-compact"
-        aria-label={`Time zone shown: ${label}. Show ${other === "utc" ? "UTC" : viewer}`}
+        aria-label={`${shortName(zone)}: times are shown in ${label}; show ${other === "utc" ? "UTC" : viewer}`}
         onClick={() => setZoneMode(other)}
       >
         {shortName(zone)}

@@ -300,7 +300,7 @@ export function AvailabilityPage() {
                 Find the earliest window of this length
               </Button>
               {earliest.data && !earliest.data.found && (
-                <Text size="xs" c="orange.9">No window of {formatHours(hours)} fits in the next 14 days.</Text>
+                <Text size="xs" c="red.9">No window of {formatHours(hours)} fits in the next 14 days.</Text>
               )}
               {earliest.error && <ErrorAlert error={earliest.error} title="Could not search" />}
 
@@ -316,7 +316,7 @@ export function AvailabilityPage() {
                   Balance {formatCredits(effect.balance)} → {formatCredits(effect.balanceAfter)} after booking
                 </Text>
                 {problems.length > 0 && (
-                  <List size="xs" c="red.8" mt={4} data-testid="booking-problems">
+                  <List size="xs" c="red.9" mt={4} data-testid="booking-problems">
                     {problems.map((p) => (
                       <List.Item key={p}>{p}</List.Item>
                     ))}
@@ -361,7 +361,7 @@ function FreeLine(props: { loading: boolean; error: unknown; answer?: FreeAnswer
   const a = props.answer;
   const enough = a.proposal !== null && a.free_gpus >= props.count;
   return (
-    <Text size="sm" c={enough ? "green.9" : "red.8"} data-testid="free-line">
+    <Text size="sm" c={enough ? "teal.9" : "red.9"} data-testid="free-line">
       {a.free_gpus} GPU{a.free_gpus === 1 ? "" : "s"} free from {formatDateTime(a.start)} to {formatDateTime(a.end)}
       {enough ? "; your request fits." : "; not enough for your request."}
     </Text>
