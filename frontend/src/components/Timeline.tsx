@@ -138,7 +138,7 @@ export function Timeline(props: {
             <div aria-hidden data-testid="timeline-axis">
               <div className="tl-days">
                 {marks.days.map((d) => (
-                  <span key={d.at} data-testid="axis-day" data-at={d.at} style={{ left: `${d.left}%`, width: `${d.width}%` }}>
+                  <span key={d.at} data-testid="axis-day" data-at={d.at} title={d.label} style={{ left: `${d.left}%`, width: `${d.width}%` }}>
                     {d.label}
                   </span>
                 ))}
