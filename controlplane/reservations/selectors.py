@@ -14,8 +14,8 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from controlplane.accounts.models import Membership, Project
 from controlplane.accounts.selectors import is_operator, projects_visible_to
 from controlplane.core import rows
-from controlplane.inventory.choices import GpuHealth, ServerState
-from controlplane.inventory.models import Gpu, GpuModel, Server
+from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
+from controlplane.inventory.models import Gpu, GpuModel, Server, ServerEvent
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.placement import GpuSlot, ServerCandidate, place
 from controlplane.reservations.specs import GpuSpec, Window
@@ -180,6 +180,43 @@ def free_for(spec: GpuSpec, window: Window) -> FreeSummary:
         servers,
         place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers),
     )
+
+
+def booking_proposal(spec: GpuSpec, window: Window) -> list[int] | None:
+    """The GPUs a booking of ``spec`` over ``window`` made now would get: the very reads and rule booking runs
+    first (``candidate_servers`` with its shortlist, then ``place``), without locking or writing anything."""
+    return place(candidate_servers(spec, window), gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    reason: str  # draining, maintenance, offline, commissioning, unhealthy
+    detail: str  # the operator's reason for the server's state, or the GPU's health reasons
+
+
+def unavailability(gpus: list[Gpu]) -> dict[int, Unavailable]:
+    """Why each of ``gpus`` (loaded with their server) cannot be booked now; GPUs that can are left out.
+
+    A server that is not ready makes every GPU on it unavailable, with the reason its last state change gave;
+    otherwise an unhealthy GPU is, with its health reasons. Booking looks at the same facts (``placeable_gpus``).
+    """
+    not_ready = {g.server_id for g in gpus if g.server.state != ServerState.READY}
+    why: dict[int, str] = {}
+    if not_ready:
+        for server_id, reason in (
+            ServerEvent.objects.filter(server_id__in=not_ready, kind=EventKind.STATE)
+            .order_by("server_id", "-at", "-id")
+            .values_list("server_id", "reason")
+        ):
+            why.setdefault(server_id, reason)
+    out: dict[int, Unavailable] = {}
+    for gpu in gpus:
+        if gpu.server_id in not_ready:
+            out[gpu.pk] = Unavailable(gpu.server.state, why.get(gpu.server_id, ""))
+        elif gpu.health != GpuHealth.HEALTHY:
+            reasons = gpu.health_reasons if isinstance(gpu.health_reasons, list) else []
+            out[gpu.pk] = Unavailable("unhealthy", "; ".join(str(r) for r in reasons))
+    return out
 
 
 @dataclass(frozen=True)

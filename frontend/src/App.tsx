@@ -7,6 +7,7 @@ import { Navigate, Route, Routes, useLocation, useNavigate, Link } from "react-r
 import { api } from "./api/client";
 import { useMe } from "./api/hooks";
 import { ErrorAlert } from "./components/QueryState";
+import { useShownZone, ZoneToggle } from "./components/ZoneToggle";
 import { DashboardPage } from "./pages/Dashboard";
 import { safeNext } from "./lib/redirect";
 import { LoginPage } from "./pages/Login";
@@ -40,6 +41,7 @@ const OPERATOR_LINKS = [
 export function App() {
   const me = useMe();
   const location = useLocation();
+  useShownZone(); // every page's times follow the header's zone toggle
 
   if (me.isLoading) {
     return (
@@ -129,6 +131,7 @@ function Shell({ username, operator, children }: { username: string; operator: b
             </Link>
           </Group>
           <Group gap="xs" wrap="nowrap">
+            <ZoneToggle />
             <Text size="sm" visibleFrom="xs" data-testid="signed-in-as">
               {username}
               {operator ? " (operator)" : ""}

@@ -15,12 +15,12 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.selectors import projects_visible_to
 from controlplane.core.api.fields import AwareDateTimeField
-from controlplane.inventory.choices import ServerState
+from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
 from controlplane.reservations.api.fields import GpuModelField, StartField
 from controlplane.reservations.api.serializers import SpecSerializer, spec_from
 from controlplane.reservations.models import Reservation
-from controlplane.reservations.selectors import free_for, timeline
+from controlplane.reservations.selectors import booking_proposal, free_for, timeline, unavailability
 from controlplane.reservations.specs import Window
 from controlplane.reservations.windows import earliest_window
 
@@ -65,6 +65,36 @@ class TimelineQuerySerializer(serializers.Serializer):
         return attrs
 
 
+class TimelineSegmentSerializer(serializers.Serializer):
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+    active = serializers.BooleanField()
+    mine = serializers.BooleanField(help_text="Held by a project the caller can see.")
+    reservation = serializers.UUIDField(allow_null=True, help_text="Only for the caller's own projects.")
+    project = serializers.CharField(allow_null=True, help_text="The project's slug; only for the caller's own.")
+
+
+class UnavailableSerializer(serializers.Serializer):
+    reason = serializers.ChoiceField(
+        choices=["draining", "maintenance", "offline", "commissioning", "unhealthy"],
+        help_text="Why the GPU cannot be booked now: its server's state, or its health.",
+    )
+    detail = serializers.CharField(help_text="The reason given for the server's state, or the GPU's health reasons.")
+
+
+class TimelineGpuSerializer(serializers.Serializer):
+    gpu = serializers.CharField(help_text="The GPU's UUID.")
+    server = serializers.CharField()
+    index = serializers.IntegerField()
+    gpu_model = serializers.CharField()
+    server_state = serializers.ChoiceField(choices=ServerState.choices)
+    health = serializers.ChoiceField(choices=GpuHealth.choices)
+    unavailable = UnavailableSerializer(
+        allow_null=True, help_text="Set while the GPU cannot be booked (until its server or health changes)."
+    )
+    segments = TimelineSegmentSerializer(many=True)
+
+
 def _uuids(ids: list[int] | None) -> list[str] | None:
     if ids is None:
         return None
@@ -81,7 +111,12 @@ class FreeView(APIView):
             {
                 "free_gpus": serializers.IntegerField(),
                 "servers": serializers.ListField(child=serializers.DictField()),
-                "proposal": serializers.ListField(child=serializers.CharField(), allow_null=True),
+                "proposal": serializers.ListField(
+                    child=serializers.CharField(),
+                    allow_null=True,
+                    help_text="UUIDs of the GPUs a booking of this spec and window made now would get "
+                    "(the placement booking runs, as a dry run); null when it does not fit.",
+                ),
             },
         ),
     )
@@ -89,9 +124,14 @@ class FreeView(APIView):
         query = FreeQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         data = query.validated_data
-        summary = free_for(spec_from(data), Window(data["start"], data["end"]))
+        spec, window = spec_from(data), Window(data["start"], data["end"])
+        summary = free_for(spec, window)
+        # The proposal is what booking itself would choose (its reads and its rule), so the portal can draw it.
+        proposal = booking_proposal(spec, window) if summary.proposal else None
         uuid_of = dict(
-            Gpu.objects.filter(pk__in=[g.id for s in summary.servers for g in s.free]).values_list("pk", "uuid")
+            Gpu.objects.filter(pk__in=[g.id for s in summary.servers for g in s.free] + (proposal or [])).values_list(
+                "pk", "uuid"
+            )
         )
         return Response(
             {
@@ -102,7 +142,7 @@ class FreeView(APIView):
                     {"hostname": s.hostname, "free": [uuid_of[g.id] for g in s.free], "whole": s.whole}
                     for s in sorted(summary.servers, key=lambda s: s.hostname)
                 ],
-                "proposal": [uuid_of[i] for i in summary.proposal] if summary.proposal else None,
+                "proposal": [uuid_of[i] for i in proposal] if proposal else None,
             }
         )
 
@@ -145,8 +185,10 @@ class TimelineView(APIView):
         responses=inline_serializer(
             "TimelineAnswer",
             {
+                "start": serializers.DateTimeField(),
+                "end": serializers.DateTimeField(),
                 "count": serializers.IntegerField(),
-                "gpus": serializers.ListField(child=serializers.DictField()),
+                "gpus": TimelineGpuSerializer(many=True),
             },
         ),
     )
@@ -162,6 +204,7 @@ class TimelineView(APIView):
         gpus = gpus.order_by("server__hostname", "index")
         count = gpus.count()
         page = list(gpus.select_related("server", "model")[data["offset"] : data["offset"] + data["limit"]])
+        unavailable = unavailability(page)
         segments = timeline(
             gpus=Gpu.objects.filter(pk__in=[g.pk for g in page]), starts_at=data["start"], ends_at=data["end"]
         )
@@ -188,6 +231,13 @@ class TimelineView(APIView):
                         "server": g.server.hostname,
                         "index": g.index,
                         "gpu_model": g.model.name,
+                        "server_state": g.server.state,
+                        "health": g.health,
+                        "unavailable": (
+                            {"reason": unavailable[g.pk].reason, "detail": unavailable[g.pk].detail}
+                            if g.pk in unavailable
+                            else None
+                        ),
                         "segments": [
                             {
                                 "starts_at": s.starts_at,

@@ -175,6 +175,10 @@ export interface TimelineGpu {
   server: string;
   index: number;
   gpu_model: string;
+  server_state: string;
+  health: string;
+  /** Set while the GPU cannot be booked: its server is not ready, or it is unhealthy. */
+  unavailable: { reason: "draining" | "maintenance" | "offline" | "commissioning" | "unhealthy"; detail: string } | null;
   segments: TimelineSegment[];
 }
 

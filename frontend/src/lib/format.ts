@@ -1,4 +1,5 @@
-// Formatting shared across pages. Times are shown in the browser's zone; the API speaks UTC ISO 8601.
+// Formatting shared across pages. The API speaks UTC ISO 8601; the portal shows every time in one format,
+// "01 Dec 2026, 12:00", in one zone: the viewer's (the browser's) or UTC, as the header's toggle sets it.
 
 export function formatCredits(value: string | number | null | undefined): string {
   if (value === null || value === undefined || value === "") return "–";
@@ -25,17 +26,158 @@ export function formatHours(hours: number): string {
   return `${rounded} h`;
 }
 
-export function formatDateTime(iso: string | null | undefined): string {
-  if (!iso) return "–";
-  const d = new Date(iso);
-  if (Number.isNaN(d.getTime())) return iso;
-  return d.toLocaleString("en-GB", {
-    year: "numeric",
-    month: "short",
-    day: "2-digit",
-    hour: "2-digit",
-    minute: "2-digit",
-  });
+// --- the zone shown ---------------------------------------------------------------------------------
+
+export type ZoneMode = "viewer" | "utc";
+const ZONE_KEY = "portal.zone";
+const listeners = new Set<() => void>();
+
+function storage(): Storage | null {
+  try {
+    return typeof localStorage === "undefined" ? null : localStorage;
+  } catch {
+    return null; // storage refused (privacy settings): the choice lasts for the page view
+  }
+}
+
+let mode: ZoneMode = storage()?.getItem(ZONE_KEY) === "utc" ? "utc" : "viewer";
+
+/** The browser's own IANA zone, e.g. "Europe/Berlin". */
+export function viewerZone(): string {
+  return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+}
+
+export function zoneMode(): ZoneMode {
+  return mode;
+}
+
+/** Show times in the viewer's zone or in UTC; remembered in localStorage, and every subscriber re-renders. */
+export function setZoneMode(next: ZoneMode): void {
+  mode = next;
+  storage()?.setItem(ZONE_KEY, next);
+  listeners.forEach((l) => l());
+}
+
+export function subscribeZone(listener: () => void): () => void {
+  listeners.add(listener);
+  return () => listeners.delete(listener);
+}
+
+/** The IANA zone every time is shown in now. */
+export function shownZone(): string {
+  return mode === "utc" ? "UTC" : viewerZone();
+}
+
+const partsFormatters = new Map<string, Intl.DateTimeFormat>();
+function partsFormatter(zone: string): Intl.DateTimeFormat {
+  let f = partsFormatters.get(zone);
+  if (!f) {
+    f = new Intl.DateTimeFormat("en-US", {
+      timeZone: zone,
+      hourCycle: "h23",
+      year: "numeric",
+      month: "numeric",
+      day: "numeric",
+      hour: "numeric",
+      minute: "numeric",
+      second: "numeric",
+      weekday: "short",
+    });
+    partsFormatters.set(zone, f);
+  }
+  return f;
+}
+
+export interface ZoneParts {
+  year: number;
+  month: number; // 1..12
+  day: number;
+  hour: number; // 0..23
+  minute: number;
+  second: number;
+  weekday: string; // Mon..Sun
+}
+
+/** The wall-clock reading of instant `ms` in `zone`. */
+export function zoneParts(ms: number, zone: string = shownZone()): ZoneParts {
+  const out: Record<string, string> = {};
+  for (const p of partsFormatter(zone).formatToParts(new Date(ms))) out[p.type] = p.value;
+  return {
+    year: Number(out.year),
+    month: Number(out.month),
+    day: Number(out.day),
+    hour: Number(out.hour) % 24,
+    minute: Number(out.minute),
+    second: Number(out.second),
+    weekday: out.weekday,
+  };
+}
+
+/** How far `zone`'s clock is ahead of UTC at instant `ms`, in ms (Berlin in winter: +3 600 000). */
+export function zoneOffset(ms: number, zone: string = shownZone()): number {
+  const p = zoneParts(ms, zone);
+  const wall = Date.UTC(p.year, p.month - 1, p.day, p.hour, p.minute, p.second);
+  return wall - Math.floor(ms / 1000) * 1000;
+}
+
+/** The instant at which `zone`'s clock reads the given wall time (a time skipped by a DST change moves on). */
+export function fromZoneWall(year: number, month: number, day: number, hour: number, minute: number, zone: string = shownZone()): number {
+  const wall = Date.UTC(year, month - 1, day, hour, minute);
+  const t = wall - zoneOffset(wall, zone);
+  const offset = zoneOffset(t, zone); // the offset at the answer, which differs near a DST change
+  return wall - offset;
+}
+
+/** "Europe/Berlin (UTC+01:00)" for the zone shown, at instant `at`. */
+export function zoneLabel(zone: string = shownZone(), at: number = Date.now()): string {
+  if (zone === "UTC") return "UTC";
+  const off = Math.round(zoneOffset(at, zone) / 60_000);
+  const sign = off < 0 ? "−" : "+";
+  const abs = Math.abs(off);
+  return `${zone} (UTC${sign}${pad2(Math.floor(abs / 60))}:${pad2(abs % 60)})`;
+}
+
+const pad2 = (n: number) => String(n).padStart(2, "0");
+export const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+function instant(value: string | number | Date | null | undefined): number | null {
+  if (value === null || value === undefined || value === "") return null;
+  const t = value instanceof Date ? value.getTime() : typeof value === "number" ? value : Date.parse(value);
+  return Number.isNaN(t) ? null : t;
+}
+
+/** The portal's one date format, in the zone shown: "01 Dec 2026, 12:00". */
+export function formatDateTime(value: string | number | Date | null | undefined, zone: string = shownZone()): string {
+  const t = instant(value);
+  if (t === null) return value ? String(value) : "–";
+  const p = zoneParts(t, zone);
+  return `${pad2(p.day)} ${MONTHS[p.month - 1]} ${p.year}, ${pad2(p.hour)}:${pad2(p.minute)}`;
+}
+
+/** The date alone, for axis rows: "Tue 01 Dec". */
+export function formatDay(ms: number, zone: string = shownZone()): string {
+  const p = zoneParts(ms, zone);
+  return `${p.weekday} ${pad2(p.day)} ${MONTHS[p.month - 1]}`;
+}
+
+/** The clock time alone: "13:00". */
+export function formatClock(ms: number, zone: string = shownZone()): string {
+  const p = zoneParts(ms, zone);
+  return `${pad2(p.hour)}:${pad2(p.minute)}`;
+}
+
+const WRITTEN = /^\s*(\d{1,2})\s+([A-Za-z]{3,9})\.?\s+(\d{4}),?\s+(\d{1,2}):(\d{2})\s*$/;
+
+/** Reads a time written in the one format ("01 Dec 2026, 12:00") as a wall time in `zone`; null if it is not. */
+export function parseDateTime(text: string, zone: string = shownZone()): number | null {
+  const m = WRITTEN.exec(text);
+  if (!m) return null;
+  const [day, monthName, year, hour, minute] = [Number(m[1]), m[2].toLowerCase(), Number(m[3]), Number(m[4]), Number(m[5])];
+  const month = MONTHS.findIndex((name) => monthName.startsWith(name.toLowerCase())) + 1;
+  if (month < 1 || day < 1 || hour > 23 || minute > 59) return null;
+  const daysInMonth = new Date(Date.UTC(year, month, 0)).getUTCDate();
+  if (day > daysInMonth) return null;
+  return fromZoneWall(year, month, day, hour, minute, zone);
 }
 
 /** "in 3 h", "12 min ago": relative to `now` (injectable for tests). */

@@ -52,13 +52,8 @@ export function reportRange(from: string, until: string): { start: string; end: 
   };
 }
 
-/**
- * The time zone the portal shows times in, by name ("Europe/Berlin"). One place to ask, so it can follow the
- * portal-wide zone setting once there is one.
- */
-export function shownZone(): string {
-  return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
-}
+// The zone figures are shown in is the portal's one zone setting (the viewer's or UTC).
+export { shownZone } from "./format";
 
 export interface LedgerLine {
   id: number;

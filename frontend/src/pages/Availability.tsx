@@ -22,8 +22,10 @@ import { ApiError, api } from "../api/client";
 import { useBalances, useGpuModels, useMe, useQuotas, useServers } from "../api/hooks";
 import type { EarliestAnswer, FreeAnswer, ReservationDetail, TimelineAnswer } from "../api/types";
 import { ErrorAlert, QueryState } from "../components/QueryState";
+import { DateTimeInput } from "../components/DateTimeInput";
 import { Timeline } from "../components/Timeline";
-import { formatCredits, formatDateTime, formatHours, fromLocalInput, toLocalInput } from "../lib/format";
+import { useShownZone } from "../components/ZoneToggle";
+import { formatCredits, formatDateTime, formatHours, formatRelative, zoneLabel } from "../lib/format";
 import { hoursBetween, quotaEffect } from "../lib/quota";
 
 const HOUR = 3_600_000;
@@ -51,8 +53,9 @@ export function AvailabilityPage() {
   }, [model, models.data]);
   const [count, setCount] = useState<number>(1);
   const [project, setProject] = useState<string | null>(bookable[0]?.project_slug ?? null);
-  const [start, setStart] = useState(() => toLocalInput(nextHour()));
-  const [end, setEnd] = useState(() => toLocalInput(new Date(nextHour().getTime() + 2 * HOUR)));
+  const zone = useShownZone();
+  const [start, setStart] = useState<number>(() => nextHour().getTime());
+  const [end, setEnd] = useState<number>(() => nextHour().getTime() + 2 * HOUR);
   const [startNow, setStartNow] = useState(false);
   const [name, setName] = useState("training run");
   // The demo fleet's local image; no registry is assumed.
@@ -74,18 +77,20 @@ export function AvailabilityPage() {
     refetchInterval: 15_000,
   });
 
-  const startDate = startNow ? new Date() : fromLocalInput(start);
-  const endDate = fromLocalInput(end);
-  const windowOk = !!startDate && !!endDate && endDate > startDate;
-  const hours = windowOk ? hoursBetween(startDate!, endDate!) : 0;
+  const startDate = startNow ? new Date() : new Date(start);
+  const endDate = new Date(end);
+  const windowOk = endDate > startDate;
+  const hours = windowOk ? hoursBetween(startDate, endDate) : 0;
+  const startsInPast = !startNow && start < Date.now() - 60_000;
 
   const free = useQuery({
-    queryKey: ["free", start, end, model, count],
+    queryKey: ["free", startNow ? "now" : start, end, model, count],
     enabled: windowOk && count >= 1 && !!model,
     queryFn: () =>
       api.get<FreeAnswer>("availability/free/", {
-        start: startDate!.toISOString(),
-        end: endDate!.toISOString(),
+        // "now" is the server's instant, as the booking will be.
+        start: startNow ? "now" : startDate.toISOString(),
+        end: endDate.toISOString(),
         gpu_model: model,
         gpu_count: count,
       }),
@@ -102,8 +107,8 @@ export function AvailabilityPage() {
     onSuccess: (answer) => {
       if (answer.found && answer.start && answer.end) {
         setStartNow(false);
-        setStart(toLocalInput(new Date(answer.start)));
-        setEnd(toLocalInput(new Date(answer.end)));
+        setStart(Date.parse(answer.start));
+        setEnd(Date.parse(answer.end));
       }
     },
   });
@@ -128,7 +133,7 @@ export function AvailabilityPage() {
         name,
         spec: { gpu_model: model, gpu_count: count },
         // "now" lets the server pick the instant, so a slow click never books a window already begun.
-        window: { start: startNow ? "now" : startDate!.toISOString(), end: endDate!.toISOString() },
+        window: { start: startNow ? "now" : startDate.toISOString(), end: endDate.toISOString() },
         container: { image, command: command.trim() ? command.trim().split(/\s+/) : [], env: {} },
       }),
     onSuccess: async (r) => {
@@ -139,16 +144,47 @@ export function AvailabilityPage() {
   const bookError = book.error instanceof ApiError ? book.error : null;
   const fieldErr = (...names: string[]) => names.map((n) => bookError?.fieldError(n)).find(Boolean);
 
+  // Never offer a booking the server would refuse: the quota's problems, a start already past, or a window
+  // the free check says does not fit keep the Book button disabled, with the reasons listed.
+  const problems = [
+    ...(startsInPast ? ["The start is in the past: pick a later start, or Start now."] : []),
+    ...effect.problems,
+  ];
+  const fits = !free.data || (free.data.proposal !== null && free.data.free_gpus >= count);
+  const canBook = !!project && windowOk && count >= 1 && problems.length === 0 && fits;
+
   function submit(e: FormEvent) {
     e.preventDefault();
-    book.mutate();
+    if (canBook) book.mutate();
   }
+
+  /** A pick on the timeline: at or before now means "start now"; the window keeps its length. */
+  function pickStart(t: number) {
+    const dur = windowOk ? endDate.getTime() - startDate.getTime() : 2 * HOUR;
+    const current = Date.now();
+    if (t <= current + 60_000) {
+      setStartNow(true);
+      setStart(current);
+      setEnd(current + dur);
+    } else {
+      setStartNow(false);
+      setStart(t);
+      setEnd(t + dur);
+    }
+  }
+
+  const pickText = windowOk
+    ? `${startNow ? "starts now" : `starts ${formatDateTime(start, zone)}, ${formatRelative(new Date(start).toISOString())}`}; ends ${formatDateTime(end, zone)} (${zoneLabel(zone)})`
+    : "no window picked";
+  const pickGpus = useMemo(() => new Set(free.data?.proposal ?? []), [free.data]);
 
   const simulatedHosts = new Set((servers.data ?? []).filter((s) => s.simulated).map((s) => s.hostname));
 
   return (
     <Stack>
-      <Title order={2}>Book GPUs</Title>
+      <Title order={1} size="h2">
+        Book GPUs
+      </Title>
       <Grid>
         <Grid.Col span={{ base: 12, lg: 8 }}>
           <Card withBorder>
@@ -178,7 +214,9 @@ export function AvailabilityPage() {
               </Group>
             </Group>
             <Text size="xs" c="dimmed" mb="xs">
-              Green is free, grey booked by others, blue your projects'. Click a track (or focus it and use the arrow keys) to start your window there.
+              Green is free, grey booked by others, blue your projects', hatched not bookable now (the reason beside the
+              server). Yellow is your window, on the GPUs a booking would get. Click a track (or focus the first one and use
+              the arrow keys) to start your window there; a click at the red "now" line starts it now.
             </Text>
             <QueryState
               isLoading={timeline.isLoading}
@@ -192,14 +230,10 @@ export function AvailabilityPage() {
                   range={range}
                   gpus={timeline.data.gpus}
                   simulatedHosts={simulatedHosts}
-                  pick={windowOk ? { start: startDate!.getTime(), end: endDate!.getTime() } : null}
-                  onPick={(t) => {
-                    setStartNow(false);
-                    const dur = windowOk ? endDate!.getTime() - startDate!.getTime() : 2 * HOUR;
-                    const s = Math.max(t, nextHour().getTime() - HOUR);
-                    setStart(toLocalInput(new Date(s)));
-                    setEnd(toLocalInput(new Date(s + dur)));
-                  }}
+                  pick={windowOk ? { start: startDate.getTime(), end: endDate.getTime() } : null}
+                  pickGpus={pickGpus}
+                  pickText={pickText}
+                  onPick={pickStart}
                 />
               )}
             </QueryState>
@@ -239,28 +273,34 @@ export function AvailabilityPage() {
                 onChange={(v) => setCount(typeof v === "number" ? v : Number(v) || 0)}
                 error={fieldErr("spec.gpu_count")}
               />
-              <Checkbox label="Start now" checked={startNow} onChange={(e) => setStartNow(e.currentTarget.checked)} />
-              <TextInput
-                type="datetime-local"
+              <Checkbox
+                label="Start now"
+                checked={startNow}
+                onChange={(e) => {
+                  const on = e.currentTarget.checked;
+                  setStartNow(on);
+                  if (!on) setStart(Math.max(start, nextHour().getTime()));
+                }}
+              />
+              <DateTimeInput
                 label="Start"
                 disabled={startNow}
-                value={start}
-                onChange={(e) => setStart(e.currentTarget.value)}
+                value={startNow ? startDate.getTime() : start}
+                onChange={setStart}
                 error={fieldErr("window.start", "window")}
               />
-              <TextInput
-                type="datetime-local"
+              <DateTimeInput
                 label="End"
                 value={end}
-                onChange={(e) => setEnd(e.currentTarget.value)}
-                error={fieldErr("window.end") ?? (!windowOk && start && end ? "The window must end after it starts." : undefined)}
+                onChange={setEnd}
+                error={fieldErr("window.end", "window.duration") ?? (!windowOk ? "The window must end after it starts." : undefined)}
               />
               <Button variant="light" size="xs" onClick={() => earliest.mutate()} loading={earliest.isPending}
                 disabled={count < 1 || !model}>
                 Find the earliest window of this length
               </Button>
               {earliest.data && !earliest.data.found && (
-                <Text size="xs" c="orange">No window of {formatHours(hours)} fits in the next 14 days.</Text>
+                <Text size="xs" c="red.9">No window of {formatHours(hours)} fits in the next 14 days.</Text>
               )}
               {earliest.error && <ErrorAlert error={earliest.error} title="Could not search" />}
 
@@ -275,9 +315,9 @@ export function AvailabilityPage() {
                 <Text size="sm">
                   Balance {formatCredits(effect.balance)} → {formatCredits(effect.balanceAfter)} after booking
                 </Text>
-                {effect.problems.length > 0 && (
-                  <List size="xs" c="red" mt={4}>
-                    {effect.problems.map((p) => (
+                {problems.length > 0 && (
+                  <List size="xs" c="red.9" mt={4} data-testid="booking-problems">
+                    {problems.map((p) => (
                       <List.Item key={p}>{p}</List.Item>
                     ))}
                   </List>
@@ -295,9 +335,18 @@ export function AvailabilityPage() {
                   {book.error.message}
                 </Alert>
               )}
-              <Button type="submit" loading={book.isPending} disabled={!project || !windowOk || count < 1}>
+              <Button type="submit" loading={book.isPending} disabled={!canBook} aria-describedby={canBook ? undefined : "book-why"}>
                 Book {count} GPU{count === 1 ? "" : "s"}
               </Button>
+              {!canBook && (
+                <Text size="xs" id="book-why" data-testid="book-why">
+                  {problems.length > 0
+                    ? "Booking is not offered while the problems above are listed."
+                    : !fits
+                      ? "Booking is not offered: the window does not fit, see above."
+                      : "Pick a project, a window and at least one GPU to book."}
+                </Text>
+              )}
             </Stack>
           </Card>
         </Grid.Col>
@@ -312,7 +361,7 @@ function FreeLine(props: { loading: boolean; error: unknown; answer?: FreeAnswer
   const a = props.answer;
   const enough = a.proposal !== null && a.free_gpus >= props.count;
   return (
-    <Text size="sm" c={enough ? "green" : "red"} data-testid="free-line">
+    <Text size="sm" c={enough ? "teal.9" : "red.9"} data-testid="free-line">
       {a.free_gpus} GPU{a.free_gpus === 1 ? "" : "s"} free from {formatDateTime(a.start)} to {formatDateTime(a.end)}
       {enough ? "; your request fits." : "; not enough for your request."}
     </Text>
