@@ -36,16 +36,30 @@ const HOT_C = 96;
 async function apiSession(who) {
   const jar = new Map();
   const send = async (method, path, data, headers = {}) => {
-    const res = await fetch(`${BASE}${path}`, {
-      method,
-      headers: {
-        Accept: "application/json",
-        Cookie: [...jar].map(([k, v]) => `${k}=${v}`).join("; "),
-        ...(data === undefined ? {} : { "Content-Type": "application/json" }),
-        ...headers,
-      },
-      body: data === undefined ? undefined : JSON.stringify(data),
-    });
+    // The server closes idle keep-alive connections after a couple of seconds; a request sent on one just as it
+    // closes fails without reaching it. Such a failure is retried: a POST carries an Idempotency-Key, so it is
+    // made once however often it arrives (docs/api.md, "Idempotency").
+    const key = method === "GET" ? {} : { "Idempotency-Key": crypto.randomUUID() };
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        res = await fetch(`${BASE}${path}`, {
+          method,
+          headers: {
+            Accept: "application/json",
+            Cookie: [...jar].map(([k, v]) => `${k}=${v}`).join("; "),
+            ...(data === undefined ? {} : { "Content-Type": "application/json" }),
+            ...key,
+            ...headers,
+          },
+          body: data === undefined ? undefined : JSON.stringify(data),
+        });
+        break;
+      } catch (e) {
+        if (attempt >= 4) throw e;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+    }
     for (const c of res.headers.getSetCookie()) {
       const [pair] = c.split(";");
       const at = pair.indexOf("=");
@@ -71,11 +85,21 @@ async function apiSession(who) {
 /** An agent as the node agent talks to the control plane: enroll with the join token, then heartbeats. */
 async function fakeAgent(token) {
   const post = async (path, data, headers = {}) => {
-    const res = await fetch(`${BASE}/api/v1/${path}`, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
-      body: JSON.stringify(data),
-    });
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        res = await fetch(`${BASE}/api/v1/${path}`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
+          body: JSON.stringify(data),
+        });
+        break;
+      } catch (e) {
+        // A dropped keep-alive connection (see apiSession); an agent retries its heartbeat the same way.
+        if (attempt >= 4 || path === "agent/enroll") throw e;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+    }
     const text = await res.text();
     if (!res.ok) throw new Error(`${path}: HTTP ${res.status} ${text}`);
     return JSON.parse(text);
@@ -112,15 +136,15 @@ async function waitForState(api, id, wanted, timeoutMs = START_TIMEOUT_MS) {
   throw new Error(`reservation ${id} did not reach ${wanted.join("/")} (last: ${state})`);
 }
 
-async function book(api, name, gpuModel) {
+async function book(api, name, gpuModel, command = ["sleep", "3600"]) {
   const end = new Date(Date.now() + 60 * 60_000).toISOString();
   return api.call("POST", "reservations/", {
     project: "demo",
     name,
     spec: { gpu_model: gpuModel, gpu_count: 1 },
     window: { start: "now", end },
-    // A container that keeps running: the image's own command exits at once.
-    container: { image: "gpucp-busybox:test", command: ["sleep", "3600"], env: {} },
+    // The image's own command exits at once: sleep says how long the container runs.
+    container: { image: "gpucp-busybox:test", command, env: {} },
   });
 }
 
@@ -145,13 +169,13 @@ run(
     const booked = [];
     let drained = null;
     try {
-      step("the tenant books two GPUs by the API: one to finish (charged), one to keep running");
+      step("the tenant books two GPUs by the API: one that finishes by itself (charged), one that keeps running");
       // On different servers, so that ending one leaves the other running.
-      const done = await book(tenantApi, "e2e-ops-done", "A100-40GB");
+      const done = await book(tenantApi, "e2e-ops-done", "A100-40GB", ["sleep", "20"]);
       booked.push(done.id);
       const held = await book(tenantApi, "e2e-ops-held", "H100-80GB");
       booked.push(held.id);
-      await waitForState(tenantApi, done.id, ["running"]);
+      await waitForState(tenantApi, done.id, ["running", "ending", "completed"]);
       await waitForState(tenantApi, held.id, ["running", "starting", "scheduled"]);
 
       // --- join tokens ---------------------------------------------------------------------------------
@@ -286,12 +310,12 @@ run(
 
       // --- accounting ---------------------------------------------------------------------------------
       step("the finished reservation is settled (hold released, charge taken)");
-      await tenantApi.call("POST", `reservations/${done.id}/release/`, { reason: "e2e: finished" });
+      // Its container exits by itself after 20 s, and the reservation completes.
       const charged = async () => {
         const entries = (await opApi.call("GET", `ledger/entries/?reservation=${done.id}&limit=50`)).results;
         return entries.find((e) => e.kind === "charge" && Number(e.amount) < 0);
       };
-      const settleBy = Date.now() + 60_000;
+      const settleBy = Date.now() + 90_000;
       while (!(await charged()) && Date.now() < settleBy) await new Promise((r) => setTimeout(r, 1000));
       const charge = await charged();
       expect(charge, "the finished reservation was charged");
