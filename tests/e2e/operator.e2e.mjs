@@ -136,13 +136,14 @@ async function waitForState(api, id, wanted, timeoutMs = START_TIMEOUT_MS) {
   throw new Error(`reservation ${id} did not reach ${wanted.join("/")} (last: ${state})`);
 }
 
-async function book(api, name, gpuModel, command = ["sleep", "3600"]) {
-  const end = new Date(Date.now() + 60 * 60_000).toISOString();
+async function book(api, name, gpuModel, command = ["sleep", "3600"], startInMin = 0) {
+  const start = startInMin ? new Date(Date.now() + startInMin * 60_000).toISOString() : "now";
+  const end = new Date(Date.now() + (startInMin + 60) * 60_000).toISOString();
   return api.call("POST", "reservations/", {
     project: "demo",
     name,
     spec: { gpu_model: gpuModel, gpu_count: 1 },
-    window: { start: "now", end },
+    window: { start, end },
     // The image's own command exits at once: sleep says how long the container runs.
     container: { image: "gpucp-busybox:test", command, env: {} },
   });
@@ -320,6 +321,10 @@ run(
       const charge = await charged();
       expect(charge, "the finished reservation was charged");
 
+      // A booking for later holds its credits until it ends, whatever becomes of the running ones.
+      const later = await book(tenantApi, "e2e-ops-later", "H100-80GB", ["sleep", "3600"], 120);
+      booked.push(later.id);
+
       step("accounting console: balance and holds of a project");
       await page.getByRole("link", { name: "Accounting" }).click();
       await page.getByRole("heading", { level: 1, name: "Accounting" }).waitFor();
@@ -328,8 +333,8 @@ run(
       const balance = page.getByTestId("balance");
       await balance.waitFor();
       const before = number(await balance.innerText());
-      await page.getByTestId("accounting-holds").getByText(held.id.slice(0, 8)).waitFor();
-      expect(number(await page.getByTestId("held").innerText()) > 0, "credits held for the running reservation");
+      await page.getByTestId("accounting-holds").getByText(later.id.slice(0, 8)).waitFor();
+      expect(number(await page.getByTestId("held").innerText()) > 0, "credits held for the booked reservations");
 
       step("accounting console: a grant with a reason");
       const form = page.getByRole("form", { name: "Grant, adjust or refund credits" });
@@ -385,14 +390,18 @@ run(
       await signOut(page);
 
       // --- the tenant's usage page ----------------------------------------------------------------------
+      // Booked just now: running (or starting), so it is in the report with its figures so far.
+      const live = await book(tenantApi, "e2e-ops-live", "H100-80GB");
+      booked.push(live.id);
+
       step("tenant usage: the zone is named, a running reservation is provisional");
       await signIn(page, tenant);
       await page.getByRole("link", { name: "Usage" }).click();
       await page.getByRole("heading", { level: 1, name: "Usage" }).waitFor();
       expect((await page.getByTestId("zone-note").innerText()).includes("Europe/Berlin"), "the browser's zone is named");
-      expect((await page.getByRole("columnheader", { name: /^When \(Europe\/Berlin\)$/ }).count()) === 1, "ledger times name the zone");
+      await page.getByTestId("ledger-entries").getByRole("columnheader", { name: "When (Europe/Berlin)" }).waitFor(); // ledger times name it
       await pick(page, "Reservation");
-      const heldRow = page.getByTestId(`usage-row-${held.id}`);
+      const heldRow = page.getByTestId(`usage-row-${live.id}`);
       await heldRow.waitFor();
       expect((await heldRow.getByTestId("provisional").count()) === 1, "the running reservation is labelled provisional");
       await page.getByTestId("provisional-note").waitFor();
