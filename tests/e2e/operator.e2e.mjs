@@ -36,16 +36,30 @@ const HOT_C = 96;
 async function apiSession(who) {
   const jar = new Map();
   const send = async (method, path, data, headers = {}) => {
-    const res = await fetch(`${BASE}${path}`, {
-      method,
-      headers: {
-        Accept: "application/json",
-        Cookie: [...jar].map(([k, v]) => `${k}=${v}`).join("; "),
-        ...(data === undefined ? {} : { "Content-Type": "application/json" }),
-        ...headers,
-      },
-      body: data === undefined ? undefined : JSON.stringify(data),
-    });
+    // The server closes idle keep-alive connections after a couple of seconds; a request sent on one just as it
+    // closes fails without reaching it. Such a failure is retried: a POST carries an Idempotency-Key, so it is
+    // made once however often it arrives (docs/api.md, "Idempotency").
+    const key = method === "GET" ? {} : { "Idempotency-Key": crypto.randomUUID() };
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        res = await fetch(`${BASE}${path}`, {
+          method,
+          headers: {
+            Accept: "application/json",
+            Cookie: [...jar].map(([k, v]) => `${k}=${v}`).join("; "),
+            ...(data === undefined ? {} : { "Content-Type": "application/json" }),
+            ...key,
+            ...headers,
+          },
+          body: data === undefined ? undefined : JSON.stringify(data),
+        });
+        break;
+      } catch (e) {
+        if (attempt >= 4) throw e;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+    }
     for (const c of res.headers.getSetCookie()) {
       const [pair] = c.split(";");
       const at = pair.indexOf("=");
@@ -71,11 +85,21 @@ async function apiSession(who) {
 /** An agent as the node agent talks to the control plane: enroll with the join token, then heartbeats. */
 async function fakeAgent(token) {
   const post = async (path, data, headers = {}) => {
-    const res = await fetch(`${BASE}/api/v1/${path}`, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
-      body: JSON.stringify(data),
-    });
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        res = await fetch(`${BASE}/api/v1/${path}`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
+          body: JSON.stringify(data),
+        });
+        break;
+      } catch (e) {
+        // A dropped keep-alive connection (see apiSession); an agent retries its heartbeat the same way.
+        if (attempt >= 4 || path === "agent/enroll") throw e;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+    }
     const text = await res.text();
     if (!res.ok) throw new Error(`${path}: HTTP ${res.status} ${text}`);
     return JSON.parse(text);
@@ -112,16 +136,35 @@ async function waitForState(api, id, wanted, timeoutMs = START_TIMEOUT_MS) {
   throw new Error(`reservation ${id} did not reach ${wanted.join("/")} (last: ${state})`);
 }
 
-async function book(api, name, gpuModel) {
-  const end = new Date(Date.now() + 60 * 60_000).toISOString();
+async function book(api, name, gpuModel, command = ["sleep", "3600"], startInMin = 0) {
+  const start = startInMin ? new Date(Date.now() + startInMin * 60_000).toISOString() : "now";
+  const end = new Date(Date.now() + (startInMin + 60) * 60_000).toISOString();
   return api.call("POST", "reservations/", {
     project: "demo",
     name,
     spec: { gpu_model: gpuModel, gpu_count: 1 },
-    window: { start: "now", end },
-    // A container that keeps running: the image's own command exits at once.
-    container: { image: "gpucp-busybox:test", command: ["sleep", "3600"], env: {} },
+    window: { start, end },
+    // The image's own command exits at once: sleep says how long the container runs.
+    container: { image: "gpucp-busybox:test", command, env: {} },
   });
+}
+
+/**
+ * A booking that holds its GPU now. Its container may be stopped from outside (the demo's simulated agents
+ * share the host's Docker engine with whatever else runs there), and the reservation then fails: book again.
+ */
+async function bookHeld(api, name, booked) {
+  for (let attempt = 1; ; attempt++) {
+    const r = await book(api, name, "H100-80GB");
+    booked.push(r.id);
+    try {
+      await waitForState(api, r.id, ["running", "starting", "scheduled"]);
+      return r;
+    } catch (e) {
+      if (attempt >= 3) throw e;
+      console.log(`e2e | ${name} ended before it could be looked at (${e.message}); booking again`);
+    }
+  }
 }
 
 async function endReservation(api, id) {
@@ -145,14 +188,12 @@ run(
     const booked = [];
     let drained = null;
     try {
-      step("the tenant books two GPUs by the API: one to finish (charged), one to keep running");
+      step("the tenant books two GPUs by the API: one that finishes by itself (charged), one that keeps running");
       // On different servers, so that ending one leaves the other running.
-      const done = await book(tenantApi, "e2e-ops-done", "A100-40GB");
+      const done = await book(tenantApi, "e2e-ops-done", "A100-40GB", ["sleep", "20"]);
       booked.push(done.id);
-      const held = await book(tenantApi, "e2e-ops-held", "H100-80GB");
-      booked.push(held.id);
-      await waitForState(tenantApi, done.id, ["running"]);
-      await waitForState(tenantApi, held.id, ["running", "starting", "scheduled"]);
+      await waitForState(tenantApi, done.id, ["running", "ending", "completed", "failed"]);
+      const held = await bookHeld(tenantApi, "e2e-ops-held", booked);
 
       // --- join tokens ---------------------------------------------------------------------------------
       step("join tokens: the Copy button copies the whole agent command");
@@ -286,15 +327,19 @@ run(
 
       // --- accounting ---------------------------------------------------------------------------------
       step("the finished reservation is settled (hold released, charge taken)");
-      await tenantApi.call("POST", `reservations/${done.id}/release/`, { reason: "e2e: finished" });
+      // Its container exits by itself after 20 s, and the reservation completes.
       const charged = async () => {
         const entries = (await opApi.call("GET", `ledger/entries/?reservation=${done.id}&limit=50`)).results;
         return entries.find((e) => e.kind === "charge" && Number(e.amount) < 0);
       };
-      const settleBy = Date.now() + 60_000;
+      const settleBy = Date.now() + 90_000;
       while (!(await charged()) && Date.now() < settleBy) await new Promise((r) => setTimeout(r, 1000));
       const charge = await charged();
       expect(charge, "the finished reservation was charged");
+
+      // A booking for later holds its credits until it ends, whatever becomes of the running ones.
+      const later = await book(tenantApi, "e2e-ops-later", "H100-80GB", ["sleep", "3600"], 120);
+      booked.push(later.id);
 
       step("accounting console: balance and holds of a project");
       await page.getByRole("link", { name: "Accounting" }).click();
@@ -304,8 +349,8 @@ run(
       const balance = page.getByTestId("balance");
       await balance.waitFor();
       const before = number(await balance.innerText());
-      await page.getByTestId("accounting-holds").getByText(held.id.slice(0, 8)).waitFor();
-      expect(number(await page.getByTestId("held").innerText()) > 0, "credits held for the running reservation");
+      await page.getByTestId("accounting-holds").getByText(later.id.slice(0, 8)).waitFor();
+      expect(number(await page.getByTestId("held").innerText()) > 0, "credits held for the booked reservations");
 
       step("accounting console: a grant with a reason");
       const form = page.getByRole("form", { name: "Grant, adjust or refund credits" });
@@ -361,14 +406,17 @@ run(
       await signOut(page);
 
       // --- the tenant's usage page ----------------------------------------------------------------------
+      // Booked just now: running (or starting), so it is in the report with its figures so far.
+      const live = await bookHeld(tenantApi, "e2e-ops-live", booked);
+
       step("tenant usage: the zone is named, a running reservation is provisional");
       await signIn(page, tenant);
       await page.getByRole("link", { name: "Usage" }).click();
       await page.getByRole("heading", { level: 1, name: "Usage" }).waitFor();
       expect((await page.getByTestId("zone-note").innerText()).includes("Europe/Berlin"), "the browser's zone is named");
-      expect((await page.getByRole("columnheader", { name: /^When \(Europe\/Berlin\)$/ }).count()) === 1, "ledger times name the zone");
+      await page.getByTestId("ledger-entries").getByRole("columnheader", { name: "When (Europe/Berlin)" }).waitFor(); // ledger times name it
       await pick(page, "Reservation");
-      const heldRow = page.getByTestId(`usage-row-${held.id}`);
+      const heldRow = page.getByTestId(`usage-row-${live.id}`);
       await heldRow.waitFor();
       expect((await heldRow.getByTestId("provisional").count()) === 1, "the running reservation is labelled provisional");
       await page.getByTestId("provisional-note").waitFor();

@@ -7,7 +7,7 @@ import { shownZone, type LedgerLine } from "../lib/report";
 /** Marks a figure that is still settling (see docs/accounting.md, "Provisional figures"). */
 export function ProvisionalBadge() {
   return (
-    <Badge color="yellow.9" variant="outline" size="sm" data-testid="provisional">
+    <Badge color="yellow.3" c="dark.9" variant="filled" size="sm" data-testid="provisional">
       provisional
     </Badge>
   );

@@ -110,9 +110,9 @@ export function FleetPage() {
                     <Table.Td>{s.agent_version || "–"}</Table.Td>
                     <Table.Td>
                       <Group gap={4} wrap="nowrap">
-                        {s.state === "ready" && <Button size="xs" variant="light" color="yellow.9" onClick={() => setActing({ server: s, to: "draining" })}>Drain</Button>}
-                        {s.state !== "maintenance" && s.state !== "retired" && <Button size="xs" variant="light" color="orange.9" onClick={() => setActing({ server: s, to: "maintenance" })}>Maintenance</Button>}
-                        {["draining", "maintenance", "commissioning"].includes(s.state) && <Button size="xs" variant="light" color="green.9" onClick={() => setActing({ server: s, to: "ready" })}>Return to ready</Button>}
+                        {s.state === "ready" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "draining" })}>Drain</Button>}
+                        {s.state !== "maintenance" && s.state !== "retired" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "maintenance" })}>Maintenance</Button>}
+                        {["draining", "maintenance", "commissioning"].includes(s.state) && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "ready" })}>Return to ready</Button>}
                       </Group>
                     </Table.Td>
                   </Table.Tr>
@@ -173,7 +173,7 @@ export function FleetPage() {
                       </List>
                     </div>
                     {g.needs_acknowledgement && (
-                      <Button size="xs" variant="light" color="red.9" onClick={() => setAcknowledging({ server: s, gpu: g })}
+                      <Button size="xs" color="red.9" onClick={() => setAcknowledging({ server: s, gpu: g })}
                         aria-label={`Acknowledge ${s.hostname} GPU ${g.index}`}>Acknowledge</Button>
                     )}
                   </Group>

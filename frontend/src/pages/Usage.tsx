@@ -109,7 +109,7 @@ export function UsagePage() {
       ) : (
         <QueryState isLoading={!!project && report.isLoading} error={report.error} label="the usage report">
           {report.data?.provisional && (
-            <Alert color="yellow" title="Some figures are provisional" data-testid="provisional-note">
+            <Alert color="yellow" title="Some figures are provisional" data-testid="provisional-note" styles={{ title: { color: "var(--mantine-color-dark-9)" } }}>
               Figures marked <b>provisional</b> are still settling: a reservation that is running (or just ended and not yet
               settled) shows what it has booked and run so far, with credits estimated at its GPUs' rates until the ledger
               charges it; and utilization, idle time and energy of the last hour or so are recomputed as telemetry
@@ -155,7 +155,7 @@ export function UsagePage() {
                         <Table.Td>{r.booked_gpu_hours.toFixed(2)}</Table.Td>
                         <Table.Td>{r.used_gpu_hours.toFixed(2)}</Table.Td>
                         <Table.Td>{r.idle_gpu_hours.toFixed(2)}</Table.Td>
-                        <Table.Td>{formatPercent(r.util_mean_percent)} {r.low_utilization && <Badge color="orange.9" variant="outline" size="xs">low</Badge>}</Table.Td>
+                        <Table.Td>{formatPercent(r.util_mean_percent)} {r.low_utilization && <Badge color="red.9" variant="outline" size="xs">low</Badge>}</Table.Td>
                         <Table.Td>{r.energy_kwh.toFixed(2)}</Table.Td>
                         <Table.Td>{formatCredits(r.credits)}</Table.Td>
                         <Table.Td>{r.cost == null ? "–" : `${formatCredits(r.cost)} ${r.currency}`}</Table.Td>
@@ -232,8 +232,8 @@ function Stat({ label, value, warn, provisional }: { label: string; value: strin
         <Text size="xs" c="dimmed">{label}</Text>
         {provisional && <ProvisionalBadge />}
       </Group>
-      <Text size="lg" fw={700} c={warn ? "orange.9" : undefined}>{value}</Text>
-      {warn && <Text size="xs" c="orange.9">under 70%</Text>}
+      <Text size="lg" fw={700} c={warn ? "red.9" : undefined}>{value}</Text>
+      {warn && <Text size="xs" c="red.9">under 70%</Text>}
     </Card>
   );
 }
