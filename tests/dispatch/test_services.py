@@ -356,4 +356,6 @@ def test_requeue_without_capacity_says_why():
     lose(launch.server)
     r.refresh_from_db()
     assert r.state == ReservationState.INTERRUPTED
-    assert r.events.last().reason.startswith("not requeued: No 2 GPU(s)")
+    reason = r.events.last().reason
+    # The same words as the API's no_capacity: here the only server is lost, so no GPU is healthy on a ready one.
+    assert reason.startswith("not requeued: The fleet has 2 H100-80GB GPUs, but only 0 healthy"), reason
