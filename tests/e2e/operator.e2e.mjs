@@ -8,23 +8,7 @@
 // It leaves the demo system as it found it: the tenant's reservations are released, the drained server is back
 // to ready and the agent it enrolled is retired.
 
-import { BASE, axeCheck as axeCheckStrict, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
-
-/**
- * axeCheck, except that colour-contrast findings alone do not fail the script: those left come from the Mantine
- * theme's palette (the primary blue, dimmed text, light Alert and NavLink variants), which is being fixed in the
- * theme itself. They are still counted and kept in axe-operator.json. Anything else fails as axeCheck does; this
- * page's own colours (the heatmap) are checked separately below.
- */
-async function axeCheck(page, name) {
-  try {
-    await axeCheckStrict(page, name);
-  } catch (e) {
-    const found = String(e.message).replace(/^axe on [^:]+: /, "").split(" || ");
-    if (!found.every((v) => / color-contrast \(/.test(v.split(":")[0]))) throw e;
-    console.log(`e2e | axe ${name}: only theme-wide colour contrast left (${found.length} rule)`);
-  }
-}
+import { BASE, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
 
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
 const FAULTY = `e2e-faulty-${Date.now().toString(36)}`;
@@ -149,22 +133,12 @@ async function book(api, name, gpuModel, command = ["sleep", "3600"], startInMin
   });
 }
 
-/**
- * A booking that holds its GPU now. Its container may be stopped from outside (the demo's simulated agents
- * share the host's Docker engine with whatever else runs there), and the reservation then fails: book again.
- */
+/** A booking that holds its GPU now (running, or on its way there). */
 async function bookHeld(api, name, booked) {
-  for (let attempt = 1; ; attempt++) {
-    const r = await book(api, name, "H100-80GB");
-    booked.push(r.id);
-    try {
-      await waitForState(api, r.id, ["running", "starting", "scheduled"]);
-      return r;
-    } catch (e) {
-      if (attempt >= 3) throw e;
-      console.log(`e2e | ${name} ended before it could be looked at (${e.message}); booking again`);
-    }
-  }
+  const r = await book(api, name, "H100-80GB");
+  booked.push(r.id);
+  await waitForState(api, r.id, ["running", "starting", "scheduled"]);
+  return r;
 }
 
 async function endReservation(api, id) {
