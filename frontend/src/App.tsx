@@ -13,6 +13,7 @@ import { LoginPage } from "./pages/Login";
 // The pages with charts pull in recharts, the largest part of the bundle; they load when first visited, so
 // the sign-in page and the dashboard do not wait for it.
 const AvailabilityPage = lazy(() => import("./pages/Availability").then((m) => ({ default: m.AvailabilityPage })));
+const HistoryPage = lazy(() => import("./pages/History").then((m) => ({ default: m.HistoryPage })));
 const FleetPage = lazy(() => import("./pages/Fleet").then((m) => ({ default: m.FleetPage })));
 const JoinTokensPage = lazy(() => import("./pages/JoinTokens").then((m) => ({ default: m.JoinTokensPage })));
 const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ default: m.ReservationPage })));
@@ -24,6 +25,7 @@ const VolumesPage = lazy(() => import("./pages/Volumes").then((m) => ({ default:
 const TENANT_LINKS = [
   { to: "/", label: "Dashboard" },
   { to: "/availability", label: "Book GPUs" },
+  { to: "/history", label: "History" },
   { to: "/usage", label: "Usage" },
   { to: "/volumes", label: "Volumes" },
   { to: "/tokens", label: "API tokens" },
@@ -68,6 +70,7 @@ export function App() {
         <Route path="/login" element={<Navigate to="/" replace />} />
         <Route path="/availability" element={<AvailabilityPage />} />
         <Route path="/reservations/:id" element={<ReservationPage />} />
+        <Route path="/history" element={<HistoryPage />} />
         <Route path="/usage" element={<UsagePage />} />
         <Route path="/volumes" element={<VolumesPage />} />
         <Route path="/tokens" element={<TokensPage />} />

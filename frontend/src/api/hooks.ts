@@ -1,6 +1,6 @@
 import { useQuery } from "@tanstack/react-query";
 
-import { ApiError, api } from "./client";
+import { ApiError, api, type Query } from "./client";
 import type { Balance, GpuModel, Me, Page, QuotaPolicy, Reservation, Server } from "./types";
 
 export function useMe() {
@@ -52,7 +52,7 @@ export function useServers(refetchMs?: number) {
   });
 }
 
-export function useReservations(query: Record<string, string | number | undefined>, refetchMs?: number) {
+export function useReservations(query: Query, refetchMs?: number) {
   return useQuery({
     queryKey: ["reservations", query],
     queryFn: async () => api.get<Page<Reservation>>("reservations/", { limit: 100, ...query }),
