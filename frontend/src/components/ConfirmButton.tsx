@@ -58,7 +58,7 @@ export function ConfirmButton(props: {
         onClick={open} aria-label={props["aria-label"]} aria-haspopup="dialog" className="rt-keep">
         {props.children}
       </Button>
-      <Modal opened={opened} onClose={() => setOpened(false)} title={props.title}>
+      <Modal opened={opened} onClose={() => setOpened(false)} title={props.title} closeButtonProps={{ "aria-label": "Close" }}>
         <Stack>
           <Text size="sm" component="div">{props.message}</Text>
           {error !== null && <ErrorAlert error={error} title={props.errorTitle ?? "The server refused"} />}

@@ -528,7 +528,7 @@ function Actions({ r }: { r: ReservationDetail }) {
           <Button variant="default" onClick={() => { act.reset(); setExtendOpen(true); }}>Extend</Button>
         )}
       </Group>
-      <Modal opened={extendOpen} onClose={() => setExtendOpen(false)} title="Extend the reservation">
+      <Modal opened={extendOpen} onClose={() => setExtendOpen(false)} title="Extend the reservation" closeButtonProps={{ "aria-label": "Close" }}>
         {extendOpen && <ExtendForm r={r} act={act} />}
       </Modal>
     </Stack>
@@ -540,8 +540,16 @@ type ActMutation = ReturnType<typeof useMutation<ReservationDetail, Error, { ver
 /** The new end, from a quick choice or typed; the quote says what it costs and whether its GPUs are free. */
 function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
   const currentEnd = Date.parse(r.ends_at);
-  const [newEnd, setNewEnd] = useState(() => toLocalInput(new Date(currentEnd + 3_600_000)));
-  const end = fromLocalInput(newEnd);
+  // A quick choice keeps the exact instant (the current end to the second, plus its hours); a typed end is
+  // to the minute, as the field reads it.
+  const [choice, setChoice] = useState<{ text: string; end: Date | null }>(() => {
+    const end = new Date(currentEnd + QUICK_EXTENSIONS[0].ms);
+    return { text: toLocalInput(end), end };
+  });
+  const newEnd = choice.text;
+  const end = choice.end;
+  const setNewEnd = (text: string) => setChoice({ text, end: fromLocalInput(text) });
+  const pick = (d: Date) => setChoice({ text: toLocalInput(d), end: d });
   const iso = end ? end.toISOString() : null;
   const quote = useQuery({
     queryKey: ["extend-quote", r.id, r.ends_at, iso],
@@ -557,10 +565,10 @@ function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
       <Text size="sm">Now ends {formatDateTime(r.ends_at)}.</Text>
       <Group gap="xs" role="group" aria-label="Quick choices">
         {QUICK_EXTENSIONS.map((x) => {
-          const value = toLocalInput(new Date(currentEnd + x.ms));
+          const pressed = end !== null && end.getTime() === currentEnd + x.ms;
           return (
-            <Button key={x.label} size="xs" variant={value === newEnd ? "filled" : "default"} aria-pressed={value === newEnd}
-              onClick={() => setNewEnd(value)}>
+            <Button key={x.label} size="xs" variant={pressed ? "filled" : "default"} aria-pressed={pressed}
+              onClick={() => pick(new Date(currentEnd + x.ms))}>
               {x.label}
             </Button>
           );
@@ -585,7 +593,7 @@ function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
                 <Text size="sm">{q.refusal.message}</Text>
                 {q.refusal.free_until && Date.parse(q.refusal.free_until) > currentEnd && (
                   <Button size="xs" variant="light" mt="xs"
-                    onClick={() => setNewEnd(toLocalInput(new Date(Date.parse(q.refusal!.free_until!))))}>
+                    onClick={() => pick(new Date(Date.parse(q.refusal!.free_until!)))}>
                     Extend to {formatDateTime(q.refusal.free_until)} instead
                   </Button>
                 )}
