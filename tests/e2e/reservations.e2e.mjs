@@ -23,6 +23,9 @@ async function axeCheck(page, name) {
 
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
 const booked = new Set();
+// Names of this run's tokens: another run's may still be listed.
+const tokenName = `e2e res token ${process.pid}`;
+const phoneTokenName = `e2e phone token ${process.pid}`;
 
 /** The API as the signed-in page: its session cookie and CSRF header. */
 async function api(page, method, path, body) {
@@ -328,21 +331,21 @@ async function walk(page) {
   await page.getByRole("link", { name: "API tokens" }).click();
   const tokenForm = page.getByRole("form", { name: "New token" });
   await tokenForm.waitFor();
-  await tokenForm.getByLabel("Name").fill("e2e res token");
+  await tokenForm.getByLabel("Name").fill(tokenName);
   await page.getByRole("button", { name: "Create token" }).click();
   const secret = page.getByTestId("new-token");
   await secret.waitFor();
-  await page.getByRole("button", { name: "Revoke token e2e res token" }).click();
+  await page.getByRole("button", { name: `Revoke token ${tokenName}` }).click();
   const revoke = page.getByRole("dialog", { name: "Revoke this token?" });
   await revoke.waitFor();
   await axeCheck(page, "tokens-revoke-dialog");
   await revoke.getByRole("button", { name: "Keep it" }).click();
   await revoke.waitFor({ state: "hidden" });
   expect(await secret.isVisible(), "keeping the token keeps its secret shown");
-  await page.getByRole("button", { name: "Revoke token e2e res token" }).click();
+  await page.getByRole("button", { name: `Revoke token ${tokenName}` }).click();
   await revoke.getByRole("button", { name: "Revoke token", exact: true }).click();
   await secret.waitFor({ state: "detached" });
-  await page.getByRole("row", { name: /e2e res token/ }).getByText("revoked").first().waitFor();
+  await page.getByRole("row", { name: new RegExp(tokenName) }).getByText("revoked").first().waitFor();
   await axeCheck(page, "tokens");
 
   // --- phone ----------------------------------------------------------------------------------------
@@ -404,16 +407,16 @@ async function walk(page) {
   await page.getByRole("link", { name: "API tokens" }).click();
   const phoneForm = page.getByRole("form", { name: "New token" });
   await phoneForm.waitFor();
-  await phoneForm.getByLabel("Name").fill("e2e phone token");
+  await phoneForm.getByLabel("Name").fill(phoneTokenName);
   await page.getByRole("button", { name: "Create token" }).click();
   await page.getByTestId("new-token").waitFor();
   const copyToken = page.getByRole("button", { name: "Copy the token" });
   expect((await copyToken.innerText()) === "Copy" && (await fullyShown(copyToken, PHONE.width)), "the token's Copy button is whole");
-  const tokenRow = page.getByRole("row", { name: /e2e phone token/ });
+  const tokenRow = page.getByRole("row", { name: new RegExp(phoneTokenName) });
   expect((await tokenRow.evaluate((tr) => getComputedStyle(tr).display)) === "block", "the token row is a card");
   await axeCheck(page, "tokens-phone");
   await shot(page, "res-08-tokens-phone");
-  await page.getByRole("button", { name: "Revoke token e2e phone token" }).click();
+  await page.getByRole("button", { name: `Revoke token ${phoneTokenName}` }).click();
   await page.getByRole("dialog", { name: "Revoke this token?" }).getByRole("button", { name: "Revoke token", exact: true }).click();
   await page.getByTestId("new-token").waitFor({ state: "detached" });
   await page.setViewportSize(DESKTOP);

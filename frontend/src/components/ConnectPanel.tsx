@@ -47,7 +47,7 @@ function CopyLine({ label, value }: { label: string; value: string }) {
       <Text size="xs" c="dimmed" w={110} style={{ flexShrink: 0 }}>
         {label}
       </Text>
-      <Code style={{ overflowX: "auto", whiteSpace: "nowrap", flex: 1, minWidth: 0 }} aria-label={label}>
+      <Code style={{ overflowX: "auto", whiteSpace: "nowrap", flex: 1, minWidth: 0 }} aria-label={label} tabIndex={0}>
         {value}
       </Code>
       <CopyButton value={value}>

@@ -87,13 +87,13 @@ export function DashboardPage() {
 
       <Title order={2} size="h4">Upcoming</Title>
       <QueryState isLoading={reservations.isLoading} error={reservations.error} isEmpty={upcoming.length === 0}
-        empty={<>No upcoming reservations. <Anchor component={Link} to="/availability">Find a free window</Anchor>.</>}
+        empty={<>No upcoming reservations. <Anchor component={Link} to="/availability" underline="always">Find a free window</Anchor>.</>}
         label="reservations">
         <ReservationTable rows={upcoming} label="Upcoming reservations" />
       </QueryState>
       <Text size="sm">
         Finished reservations, their duration and what they cost are in the{" "}
-        <Anchor component={Link} to="/history">history</Anchor>.
+        <Anchor component={Link} to="/history" underline="always">history</Anchor>.
       </Text>
     </Stack>
   );

@@ -56,7 +56,7 @@ export function TokensPage() {
         {create.error && !err?.fieldError("name") && !err?.fieldError("expires_at") && <ErrorAlert error={create.error} />}
       </Card>
       {created && (
-        <Alert color="green" title={`Token "${created.name}" created`} withCloseButton onClose={() => setCreated(null)}
+        <Alert color="green" title={`Token "${created.name}" created`} withCloseButton closeButtonLabel="Dismiss" onClose={() => setCreated(null)}
           data-testid="new-token">
           <Text size="sm">Copy it now: it is shown only this once and cannot be recovered.</Text>
           <Group mt="xs" wrap="nowrap" align="flex-start">
