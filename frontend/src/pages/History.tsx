@@ -8,10 +8,10 @@ import { StateBadge } from "../components/Badges";
 import { QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatCredits, formatDateTime, formatDuration, fromLocalInput, toLocalInput } from "../lib/format";
+import { endedAt, FINAL_STATES } from "../lib/reservation";
 import { useNow } from "../lib/useNow";
 import { gpusOf, WhenCell } from "./Dashboard";
 
-const FINAL_STATES = ["completed", "cancelled", "failed", "interrupted"];
 const PERIODS = [
   { value: "1", label: "Last 24 hours" },
   { value: "7", label: "Last 7 days" },
@@ -75,11 +75,6 @@ export function HistoryPage() {
       </QueryState>
     </Stack>
   );
-}
-
-/** When it was over: the end of its window, or, cancelled before that, when it was cancelled. */
-function endedAt(r: Reservation): string {
-  return Date.parse(r.updated_at) < Date.parse(r.ends_at) ? r.updated_at : r.ends_at;
 }
 
 function HistoryTable({ rows }: { rows: Reservation[] }) {

@@ -32,7 +32,6 @@ import {
   formatCredits,
   formatDateTime,
   formatDuration,
-  formatRelative,
   fromLocalInput,
   shortUuid,
   toLocalInput,
@@ -47,6 +46,7 @@ import {
   telemetrySince,
   type RecentSamples,
 } from "../lib/telemetry";
+import { FINAL_STATES, heldText, whenText } from "../lib/reservation";
 import { useNow } from "../lib/useNow";
 
 const POLL_MS = 3_000;
@@ -78,20 +78,7 @@ export function ReservationPage() {
   );
 }
 
-const FINAL = ["completed", "cancelled", "failed", "interrupted"];
-
-/** "started 6 min ago, ends in 54 min": tenses follow the clock, which `now` keeps moving. */
-export function whenText(r: ReservationDetail, now: number): string {
-  const start = Date.parse(r.starts_at);
-  const end = Date.parse(r.ends_at);
-  const over = FINAL.includes(r.state);
-  if (over && r.cost.elapsed_seconds === 0 && Date.parse(r.updated_at) <= start) {
-    return `${r.state} ${formatRelative(r.updated_at, now)}, before its window opened`;
-  }
-  const started = start <= now ? `started ${formatRelative(r.starts_at, now)}` : `starts ${formatRelative(r.starts_at, now)}`;
-  const ended = end <= now || over ? `ended ${formatRelative(r.ends_at, now)}` : `ends ${formatRelative(r.ends_at, now)}`;
-  return `${started}, ${ended}`;
-}
+const FINAL = FINAL_STATES;
 
 function ReservationView({ r }: { r: ReservationDetail }) {
   const live = ["starting", "running", "ending"].includes(r.state);
@@ -254,15 +241,6 @@ function CostPanel({ r }: { r: ReservationDetail }) {
       )}
     </Card>
   );
-}
-
-/** "yes" only while the GPU is held now: before the window it is booked, not held. */
-function heldText(a: ReservationDetail["allocations"][number], now: number): string {
-  if (a.released_at) return `released ${formatRelative(a.released_at, now)}`;
-  if (!a.active) return "no";
-  if (Date.parse(a.starts_at) > now) return `booked from ${formatDateTime(a.starts_at)}`;
-  if (Date.parse(a.ends_at) <= now) return `until ${formatDateTime(a.ends_at)}`;
-  return "yes";
 }
 
 function Allocations({ r }: { r: ReservationDetail }) {
