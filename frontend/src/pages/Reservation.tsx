@@ -563,7 +563,7 @@ function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
               +{formatDuration(Number(q.extra_hours) * 3600)}: {formatCredits(q.extra_credits)} more credits (at{" "}
               {formatCredits(q.credits_per_hour)} credits/h)
             </Text>
-            <Text size="sm" data-testid="extend-free" c={q.gpus_free ? "green.8" : "red.8"}>
+            <Text size="sm" fw={500} data-testid="extend-free">
               {q.gpus_free ? "✓ The same GPUs are free until then." : "✗ The same GPUs are not free until then."}
             </Text>
             {q.refusal && (
