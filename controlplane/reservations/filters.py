@@ -14,7 +14,13 @@ class ReservationFilter(django_filters.FilterSet):
     starts_before = AwareIsoDateTimeFilter(
         field_name="starts_at", lookup_expr="lt", help_text="Windows that start before this instant."
     )
+    ends_before = django_filters.IsoDateTimeFilter(
+        field_name="ends_at",
+        lookup_expr="lte",
+        help_text="Windows that end at or before this instant; with ends_after, the reservations that ended in a "
+        "period (the history).",
+    )
 
     class Meta:
         model = Reservation
-        fields = ["project", "state", "ends_after", "starts_before"]
+        fields = ["project", "state", "ends_after", "starts_before", "ends_before"]

@@ -23,7 +23,7 @@ from django.utils import timezone
 from controlplane.accounts.models import Project
 from controlplane.core import rows
 from controlplane.core.db import retry_on_transient
-from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Server
 from controlplane.ledger.services import (
@@ -447,13 +447,12 @@ def _end_early(current: Reservation, *, actor: Any, reason: str, now: datetime) 
     return current
 
 
-@retry_on_transient
-def reservation_extend(
-    *, reservation: Reservation, ends_at: datetime, actor: Any, reason: str = "", now: datetime | None = None
-) -> Reservation:
-    """Move the end later, on the same GPUs, if they are free and the quota allows; holds the extra credits."""
-    now = now or timezone.now()
-    current = _locked(reservation)
+def _extension_plan(
+    current: Reservation, *, ends_at: datetime, now: datetime, lock: bool = True
+) -> tuple[list[Allocation], dict[int, Gpu], Decimal, Decimal]:
+    """The extension's rule, for reservation_extend and extend_quote alike: refuses (ValidationFailed,
+    Conflict, QuotaExceeded) when ``current`` cannot be extended to ``ends_at``; else its active
+    allocations, their GPUs, the extra hours and the extra credits. ``lock``: take the GPUs' row locks."""
     if current.state not in CHANGEABLE_STATES:
         raise Conflict(_not_in_state(current, "extended"), code="invalid_state")
     if ends_at <= current.ends_at:
@@ -471,11 +470,16 @@ def reservation_extend(
             project=current.project, volumes=list(current.volumes), window=extra, reservation_id=current.pk
         )
     allocations = list(current.allocations.filter(active=True))
-    gpus = _lock_gpus(a.gpu_id for a in allocations)
+    if lock:
+        gpus = _lock_gpus(a.gpu_id for a in allocations)
+    else:
+        found = Gpu.objects.select_related("server", "model").filter(pk__in=[a.gpu_id for a in allocations])
+        gpus = {gpu.pk: gpu for gpu in found}
     clash = (
         overlapping(Allocation.objects.filter(gpu_id__in=list(gpus)), extra.starts_at, extra.ends_at)
         .exclude(reservation=current)
         .select_related("gpu")
+        .order_by("starts_at")
         .first()
     )
     if clash is not None:
@@ -500,6 +504,45 @@ def reservation_extend(
             ),
         ),
     )
+    return allocations, gpus, extra_hours, needed
+
+
+def extend_quote(*, reservation: Reservation, ends_at: datetime, now: datetime | None = None) -> dict[str, Any]:
+    """What extending to ``ends_at`` would cost and whether it would be allowed now, by the rule
+    reservation_extend applies (``_extension_plan``); writes nothing and takes no lock."""
+    now = now or timezone.now()
+    weights = [a.gpu.model.billing_weight for a in reservation.allocations.select_related("gpu__model") if a.active]
+    rate = sum(weights, Decimal(0))
+    extra_hours = _hours(max(0.0, (ends_at - reservation.ends_at).total_seconds()))
+    quote: dict[str, Any] = {
+        "ends_at": ends_at,
+        "current_ends_at": reservation.ends_at,
+        "extra_hours": str(extra_hours),
+        "credits_per_hour": str(rate),
+        "extra_credits": str(credits(rate * extra_hours)),
+        "allowed": True,
+        "gpus_free": True,
+        "refusal": None,
+    }
+    try:
+        _, _, extra_hours, needed = _extension_plan(reservation, ends_at=ends_at, now=now, lock=False)
+        quote["extra_hours"], quote["extra_credits"] = str(extra_hours), str(needed)
+    except (Conflict, QuotaExceeded, ValidationFailed) as exc:
+        quote["allowed"] = False
+        quote["gpus_free"] = exc.code not in ("gpu_taken", "gpu_unavailable")
+        quote["refusal"] = {"code": exc.code, "message": exc.message, **exc.extra}
+    return quote
+
+
+@retry_on_transient
+def reservation_extend(
+    *, reservation: Reservation, ends_at: datetime, actor: Any, reason: str = "", now: datetime | None = None
+) -> Reservation:
+    """Move the end later, on the same GPUs, if they are free and the quota allows; holds the extra credits."""
+    now = now or timezone.now()
+    current = _locked(reservation)
+    old_end = current.ends_at
+    allocations, _gpus, extra_hours, needed = _extension_plan(current, ends_at=ends_at, now=now)
     try:
         with transaction.atomic():
             Allocation.objects.filter(pk__in=[a.pk for a in allocations]).update(ends_at=ends_at)

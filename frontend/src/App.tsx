@@ -16,6 +16,7 @@ import { LoginPage } from "./pages/Login";
 // the sign-in page and the dashboard do not wait for it.
 const AccountingPage = lazy(() => import("./pages/Accounting").then((m) => ({ default: m.AccountingPage })));
 const AvailabilityPage = lazy(() => import("./pages/Availability").then((m) => ({ default: m.AvailabilityPage })));
+const HistoryPage = lazy(() => import("./pages/History").then((m) => ({ default: m.HistoryPage })));
 const FleetPage = lazy(() => import("./pages/Fleet").then((m) => ({ default: m.FleetPage })));
 const JoinTokensPage = lazy(() => import("./pages/JoinTokens").then((m) => ({ default: m.JoinTokensPage })));
 const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ default: m.ReservationPage })));
@@ -27,6 +28,7 @@ const VolumesPage = lazy(() => import("./pages/Volumes").then((m) => ({ default:
 const TENANT_LINKS = [
   { to: "/", label: "Dashboard" },
   { to: "/availability", label: "Book GPUs" },
+  { to: "/history", label: "History" },
   { to: "/usage", label: "Usage" },
   { to: "/volumes", label: "Volumes" },
   { to: "/tokens", label: "API tokens" },
@@ -76,6 +78,7 @@ export function App() {
         <Route path="/login" element={<SignedInAtLogin />} />
         <Route path="/availability" element={<AvailabilityPage />} />
         <Route path="/reservations/:id" element={<ReservationPage />} />
+        <Route path="/history" element={<HistoryPage />} />
         <Route path="/usage" element={<UsagePage />} />
         <Route path="/volumes" element={<VolumesPage />} />
         <Route path="/tokens" element={<TokensPage />} />

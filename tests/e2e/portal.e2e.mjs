@@ -121,6 +121,7 @@ await run("portal", async (page) => {
 
   step("the tenant releases the running reservation");
   await page.getByRole("button", { name: "Release now" }).click();
+  await page.getByRole("dialog", { name: "Release the GPUs now?" }).getByRole("button", { name: "Release the GPUs" }).click();
   await page.waitForFunction(() => {
     const b = document.querySelector('[data-testid="state-badge"]');
     return b && !["running", "starting"].includes(b.textContent.trim().toLowerCase());
@@ -145,6 +146,7 @@ await run("portal", async (page) => {
   await page.waitForURL(/\/reservations\/[0-9a-f-]{36}$/);
   expect(page.url() !== runningUrl, "a second reservation was made");
   await page.getByRole("button", { name: "Cancel reservation" }).click();
+  await page.getByRole("dialog", { name: "Cancel this reservation?" }).getByRole("button", { name: "Yes, cancel it" }).click();
   await page.getByText("cancelled", { exact: true }).first().waitFor();
   await shot(page, "06-reservation-cancelled");
 
@@ -173,6 +175,7 @@ await run("portal", async (page) => {
   await shot(page, "08-tokens");
   await axeCheck(page, "tokens");
   await page.getByRole("button", { name: "Revoke token e2e script" }).first().click();
+  await page.getByRole("dialog", { name: "Revoke this token?" }).getByRole("button", { name: "Revoke token", exact: true }).click();
   await page.getByText("revoked").first().waitFor();
 
   step("SSH keys: a private key refused, a public key added with its fingerprint, then deleted");

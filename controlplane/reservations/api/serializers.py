@@ -21,6 +21,7 @@ from controlplane.reservations.api.fields import (
     StrictStringField,
 )
 from controlplane.reservations.choices import NetworkMode
+from controlplane.reservations.costs import cost_for
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
 from nodeagent.schema import MAX_VOLUMES
@@ -245,6 +246,31 @@ class ExtendSerializer(ReservationReasonSerializer):
         return attrs
 
 
+class ExtendQuoteQuerySerializer(serializers.Serializer):
+    ends_at = AwareDateTimeField(help_text="The new end to price; later than the current one.")
+
+
+class ExtendRefusalSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="What POST .../extend/ would answer: gpu_taken, quota_exceeded, ...")
+    message = serializers.CharField()
+    free_until = serializers.DateTimeField(
+        required=False, help_text="With gpu_taken: when the next booking of one of its GPUs starts."
+    )
+
+
+class ExtendQuoteSerializer(serializers.Serializer):
+    """What extending to ``ends_at`` costs and whether POST .../extend/ would accept it now."""
+
+    ends_at = serializers.DateTimeField()
+    current_ends_at = serializers.DateTimeField()
+    extra_hours = serializers.DecimalField(max_digits=20, decimal_places=6)
+    credits_per_hour = serializers.DecimalField(max_digits=20, decimal_places=4)
+    extra_credits = serializers.DecimalField(max_digits=20, decimal_places=4, help_text="The credits it would hold.")
+    allowed = serializers.BooleanField(help_text="True when the extension would be accepted now.")
+    gpus_free = serializers.BooleanField(help_text="False when one of its GPUs is booked or unavailable then.")
+    refusal = ExtendRefusalSerializer(allow_null=True, help_text="Why not, when not allowed; else null.")
+
+
 class SpecOutSerializer(serializers.Serializer):
     gpu_model = serializers.CharField(source="gpu_model.name", allow_null=True, default=None)
     min_memory_mib = serializers.IntegerField(allow_null=True)
@@ -259,12 +285,37 @@ class MountOutSerializer(serializers.Serializer):
     read_only = serializers.BooleanField()  # type: ignore[assignment]  # a field named like Field.read_only
 
 
+class CostSerializer(serializers.Serializer):
+    """What the reservation costs (docs/api.md, "Cost"); credits are decimal strings."""
+
+    credits_per_hour = serializers.DecimalField(
+        max_digits=20, decimal_places=4, coerce_to_string=True, help_text="The billing weights of its GPUs, summed."
+    )
+    booked_credits = serializers.DecimalField(
+        max_digits=20, decimal_places=4, help_text="What the whole window as booked now costs."
+    )
+    elapsed_seconds = serializers.IntegerField(
+        help_text="How long its GPUs have been held: 0 before the window, up to now during it, its length after."
+    )
+    gpu_hours = serializers.DecimalField(max_digits=20, decimal_places=4, help_text="GPU-hours held so far.")
+    credits_so_far = serializers.DecimalField(
+        max_digits=20, decimal_places=4, help_text="The credits those GPU-hours cost, rounded up."
+    )
+    credits_charged = serializers.DecimalField(
+        max_digits=20,
+        decimal_places=4,
+        allow_null=True,
+        help_text="What the ledger charged, once it ended (completed, cancelled, failed, interrupted); else null.",
+    )
+
+
 class ReservationSerializer(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id", read_only=True)
     volumes = MountOutSerializer(many=True, read_only=True, help_text="The mounts as resolved at booking.")
     project: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     spec = SpecOutSerializer(source="*", read_only=True)
+    cost = serializers.SerializerMethodField()
 
     class Meta:
         model = Reservation
@@ -284,8 +335,13 @@ class ReservationSerializer(serializers.ModelSerializer):
             "created_by",
             "created_at",
             "updated_at",
+            "cost",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(CostSerializer)
+    def get_cost(self, reservation: Reservation) -> dict[str, Any]:
+        return cost_for(reservation)
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -479,6 +535,7 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
         "created_by": None if creator is None else str(creator.username),
         "created_at": _at(reservation.created_at),
         "updated_at": _at(reservation.updated_at),
+        "cost": cost_for(reservation),
         "allocations": [
             {
                 "gpu": str(a.gpu.uuid),

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import MethodNotAllowed
@@ -16,6 +16,8 @@ from controlplane.accounts.selectors import can_book, is_operator, projects_visi
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.reservations import services
 from controlplane.reservations.api.serializers import (
+    ExtendQuoteQuerySerializer,
+    ExtendQuoteSerializer,
     ExtendSerializer,
     ReservationCreateSerializer,
     ReservationDetailSerializer,
@@ -24,6 +26,7 @@ from controlplane.reservations.api.serializers import (
     booking_args,
     reservation_detail,
 )
+from controlplane.reservations.costs import with_charges
 from controlplane.reservations.filters import ReservationFilter
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.selectors import booking_target, reservations_visible_to
@@ -46,11 +49,12 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
 
     def get_queryset(self) -> QuerySet[Reservation]:
         qs = reservations_visible_to(self.request.user).select_related("project", "gpu_model", "created_by")
+        # Every answer carries its cost: the allocations' GPU models and what the ledger charged.
+        qs = with_charges(qs).prefetch_related(
+            Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model"))
+        )
         if self.action != "list":
-            qs = qs.prefetch_related(
-                Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model")),
-                "events",
-            )
+            qs = qs.prefetch_related("events")
         return qs
 
     def http_method_not_allowed(self, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -144,6 +148,25 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             reason=serializer.validated_data["reason"],
         )
         return self._detail(updated)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "ends_at", type=str, required=True, description="The new end to price (ISO 8601 with a zone)."
+            )
+        ],
+        responses={200: ExtendQuoteSerializer},
+        summary="Price an extension and say whether it would be accepted now; changes nothing",
+        description="The same rule as POST .../extend/: the GPUs free for the added time, the quota. A "
+        "refusal is in the answer (`allowed: false`, `refusal`), not an error; a malformed `ends_at` is a 400.",
+    )
+    @action(detail=True, methods=["get"], url_path="extend-quote")
+    def extend_quote(self, request: Request, id: str) -> Response:
+        reservation = self.get_object()
+        query = ExtendQuoteQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        quote = services.extend_quote(reservation=reservation, ends_at=query.validated_data["ends_at"])
+        return Response(ExtendQuoteSerializer(quote).data)
 
     def _command(self, request: Request, service: Any) -> Response:
         reservation = self.get_object()

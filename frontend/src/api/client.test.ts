@@ -34,6 +34,7 @@ describe("cookies and urls", () => {
 
   it("builds urls under /api/v1 and drops empty query values", () => {
     expect(buildUrl("/reservations/", { state: "running", project: undefined, x: "", n: 0 })).toBe("/api/v1/reservations/?state=running&n=0");
+    expect(buildUrl("reservations/", { state: ["completed", "failed"] })).toBe("/api/v1/reservations/?state=completed&state=failed");
   });
 });
 

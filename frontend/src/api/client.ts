@@ -85,7 +85,7 @@ export function readCookie(cookieHeader: string, name: string): string | null {
 const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
 export const API_ROOT = "/api/v1/";
 
-export type Query = Record<string, string | number | boolean | null | undefined>;
+export type Query = Record<string, string | number | boolean | null | undefined | readonly (string | number)[]>;
 
 export function buildUrl(path: string, query?: Query): string {
   const clean = path.replace(/^\/+/, "");
@@ -94,7 +94,9 @@ export function buildUrl(path: string, query?: Query): string {
   const params = new URLSearchParams();
   for (const [k, v] of Object.entries(query)) {
     if (v === undefined || v === null || v === "") continue;
-    params.set(k, String(v));
+    // A list is the key repeated (?state=a&state=b), as the API's multiple-choice filters read it.
+    if (Array.isArray(v)) for (const item of v) params.append(k, String(item));
+    else params.set(k, String(v));
   }
   const qs = params.toString();
   return qs ? `${url}?${qs}` : url;

@@ -1,6 +1,6 @@
 import { useQuery } from "@tanstack/react-query";
 
-import { api, isClientError } from "./client";
+import { api, isClientError, type Query } from "./client";
 import type { Balance, GpuModel, Me, Page, QuotaPolicy, Reservation, Server, Session } from "./types";
 
 /** The signed-in user, or null when signed out. Asked of auth/session/, which answers 200 either way: a signed-out
@@ -58,7 +58,7 @@ export function useServers(refetchMs?: number) {
   });
 }
 
-export function useReservations(query: Record<string, string | number | undefined>, refetchMs?: number) {
+export function useReservations(query: Query, refetchMs?: number) {
   return useQuery({
     queryKey: ["reservations", query],
     queryFn: async () => api.get<Page<Reservation>>("reservations/", { limit: 100, ...query }),

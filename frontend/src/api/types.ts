@@ -63,8 +63,32 @@ export interface Spec {
   whole_servers: number | null;
 }
 
+/** What a reservation costs (docs/api.md, "Cost"); credits are decimal strings. */
+export interface ReservationCost {
+  credits_per_hour: string;
+  booked_credits: string;
+  elapsed_seconds: number;
+  gpu_hours: string;
+  credits_so_far: string;
+  /** What the ledger charged, once the reservation ended; null before. */
+  credits_charged: string | null;
+}
+
+/** GET reservations/{id}/extend-quote/?ends_at=: the price of an extension and whether it would be accepted. */
+export interface ExtendQuote {
+  ends_at: string;
+  current_ends_at: string;
+  extra_hours: string;
+  credits_per_hour: string;
+  extra_credits: string;
+  allowed: boolean;
+  gpus_free: boolean;
+  refusal: { code: string; message: string; free_until?: string } | null;
+}
+
 export interface Reservation {
   id: string;
+  cost: ReservationCost;
   project: string;
   name: string;
   state: ReservationState;

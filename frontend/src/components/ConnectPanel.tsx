@@ -47,12 +47,12 @@ function CopyLine({ label, value }: { label: string; value: string }) {
       <Text size="xs" c="dimmed" w={110} style={{ flexShrink: 0 }}>
         {label}
       </Text>
-      <Code style={{ overflowX: "auto", whiteSpace: "nowrap", flex: 1 }} aria-label={label}>
+      <Code style={{ overflowX: "auto", whiteSpace: "nowrap", flex: 1, minWidth: 0 }} aria-label={label} tabIndex={0}>
         {value}
       </Code>
       <CopyButton value={value}>
         {({ copied, copy }) => (
-          <Button size="xs" variant="light" onClick={copy} aria-label={`Copy the ${label}`}>
+          <Button size="xs" variant="light" onClick={copy} aria-label={`Copy the ${label}`} className="rt-keep">
             {copied ? "Copied" : "Copy"}
           </Button>
         )}

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { formatCredits, formatHours, formatMiB, formatPercent, formatRelative, fromLocalInput, heatColor, shortUuid, toLocalInput } from "./format";
+import { formatCredits, formatDuration, formatHours, formatMiB, formatPercent, formatRelative, fromLocalInput, heatColor, shortUuid, toLocalInput } from "./format";
 
 describe("format", () => {
   it("credits keep at most two decimals and accept decimal strings", () => {
@@ -44,5 +44,14 @@ describe("format", () => {
     expect(heatColor(100)).toBe("hsl(0 70% 28%)");
     expect(heatColor(250)).toBe("hsl(0 70% 28%)");
     expect(heatColor(null)).toContain("gray");
+  });
+
+  it("durations", () => {
+    expect(formatDuration(45)).toBe("45 s");
+    expect(formatDuration(360)).toBe("6 min");
+    expect(formatDuration(2 * 3600 + 300)).toBe("2 h 5 min");
+    expect(formatDuration(3600)).toBe("1 h");
+    expect(formatDuration(3 * 86400 + 4 * 3600)).toBe("3 d 4 h");
+    expect(formatDuration(-1)).toBe("–");
   });
 });

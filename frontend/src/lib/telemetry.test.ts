@@ -1,7 +1,17 @@
 import { describe, expect, it } from "vitest";
 
 import type { GpuTelemetry } from "../api/types";
-import { appendSample, chartData, gpuSamples, mergeSeries, rememberLatest, telemetrySince } from "./telemetry";
+import {
+  TELEMETRY_CHARTS,
+  appendSample,
+  chartData,
+  formatChartValue,
+  gpuSamples,
+  mergeSeries,
+  rememberLatest,
+  seriesStyle,
+  telemetrySince,
+} from "./telemetry";
 import { reportRange } from "./report";
 
 describe("telemetry history", () => {
@@ -83,6 +93,33 @@ describe("reservation telemetry charts", () => {
     const now = gpu({ minutes: [minute("2025-03-01T10:00:00Z", 12)], latest: at("2025-03-01T10:01:15Z", 30) });
     // 10:00:05 is inside the 10:00 minute, which the server has folded: it is not plotted twice.
     expect(gpuSamples(now, recent["gpu-a/0"]).map((s) => s.util)).toEqual([12, 20, 30]);
+  });
+
+  it("plots memory in GiB", () => {
+    const g = gpu({
+      minutes: [minute("2025-03-01T10:00:00Z", 40, 81920)],
+      latest: { at: "2025-03-01T10:01:42Z", values: { DCGM_FI_DEV_FB_USED: 40960 + 512 } },
+    });
+    expect(chartData([g], "memory").rows.map((r) => r["gpu-a/0"])).toEqual([80, 40.5]);
+  });
+
+  it("rounds a value to its chart's digits and names its unit", () => {
+    const chart = (key: string) => TELEMETRY_CHARTS.find((c) => c.key === key)!;
+    expect(formatChartValue(620.85136363636, chart("power"))).toBe("621 W");
+    expect(formatChartValue(75.23456, chart("memory"))).toBe("75.2 GiB");
+    expect(formatChartValue(80, chart("memory"))).toBe("80 GiB");
+    expect(formatChartValue(97.4, chart("util"))).toBe("97%");
+    expect(formatChartValue(Number.NaN, chart("util"))).toBe("–");
+  });
+
+  it("draws every GPU's line differently, so equal figures do not hide a GPU", () => {
+    const styles = [0, 1, 2].map((i) => seriesStyle(i, 3));
+    expect(new Set(styles.map((s) => JSON.stringify(s))).size).toBe(3);
+    // The lower lines are wider than the ones drawn over them.
+    expect(styles[0].strokeWidth).toBeGreaterThan(styles[1].strokeWidth);
+    expect(styles[1].strokeWidth).toBeGreaterThan(styles[2].strokeWidth);
+    expect(styles[0].strokeDasharray).toBeUndefined();
+    expect(styles[1].strokeDasharray).toBeDefined();
   });
 
   it("has no rows when no GPU sent anything", () => {

@@ -39,13 +39,43 @@ export interface ChartField {
   unit: string;
   minute: keyof Pick<TelemetryMinute, "util_avg" | "fb_used_max_mib" | "power_avg_w">;
   dcgm: string;
+  /** The plotted value is the reported one times this (memory: MiB reported, GiB plotted). */
+  scale?: number;
+  /** Decimals shown on the axis and in the tooltip. */
+  digits: number;
 }
 
 export const TELEMETRY_CHARTS: ChartField[] = [
-  { key: "util", title: "Utilization", unit: "%", minute: "util_avg", dcgm: "DCGM_FI_DEV_GPU_UTIL" },
-  { key: "memory", title: "Memory used", unit: " MiB", minute: "fb_used_max_mib", dcgm: "DCGM_FI_DEV_FB_USED" },
-  { key: "power", title: "Power", unit: " W", minute: "power_avg_w", dcgm: "DCGM_FI_DEV_POWER_USAGE" },
+  { key: "util", title: "Utilization", unit: "%", digits: 0, minute: "util_avg", dcgm: "DCGM_FI_DEV_GPU_UTIL" },
+  {
+    key: "memory",
+    title: "Memory used",
+    unit: " GiB",
+    scale: 1 / 1024,
+    digits: 1,
+    minute: "fb_used_max_mib",
+    dcgm: "DCGM_FI_DEV_FB_USED",
+  },
+  { key: "power", title: "Power", unit: " W", digits: 0, minute: "power_avg_w", dcgm: "DCGM_FI_DEV_POWER_USAGE" },
 ];
+
+/** A chart's value as its axis and tooltip show it: "621 W", "75.2 GiB", "97%". */
+export function formatChartValue(value: number, chart: Pick<ChartField, "unit" | "digits">): string {
+  if (!Number.isFinite(value)) return "–";
+  const text = value.toLocaleString("en-US", { maximumFractionDigits: chart.digits, minimumFractionDigits: 0 });
+  return `${text}${chart.unit}`;
+}
+
+/**
+ * How the i-th of n GPU lines is drawn, beyond its colour: GPUs reporting the same figures draw the same
+ * line, so each lower line is wider and each upper one dashed, and every GPU stays visible on top of another.
+ */
+export function seriesStyle(i: number, n: number): { strokeWidth: number; strokeDasharray?: string } {
+  const strokeWidth = 2 + 2 * Math.max(0, n - 1 - i);
+  const dashes = [undefined, "6 4", "2 3", "10 3 2 3"];
+  const strokeDasharray = dashes[i % dashes.length];
+  return strokeDasharray ? { strokeWidth, strokeDasharray } : { strokeWidth };
+}
 
 export function gpuLabel(gpu: Pick<GpuTelemetry, "server" | "index">): string {
   return `${gpu.server}/${gpu.index}`;
@@ -55,7 +85,7 @@ function pick(charts: ChartField[], t: number, value: (c: ChartField) => number 
   const s: Sample = { t };
   for (const c of charts) {
     const v = value(c);
-    if (typeof v === "number") s[c.key] = v;
+    if (typeof v === "number") s[c.key] = v * (c.scale ?? 1);
   }
   return s;
 }

@@ -6,7 +6,9 @@ import { useBalances, useMe, useQuotas, useReservations } from "../api/hooks";
 import type { Reservation } from "../api/types";
 import { StateBadge } from "../components/Badges";
 import { QueryState } from "../components/QueryState";
+import { ResponsiveTable } from "../components/ResponsiveTable";
 import { ACTIVE_STATES, formatCredits, formatDateTime, formatRelative } from "../lib/format";
+import { useNow } from "../lib/useNow";
 
 export function DashboardPage() {
   const me = useMe().data!;
@@ -22,13 +24,13 @@ export function DashboardPage() {
   return (
     <Stack>
       <Group justify="space-between">
-        <Title order={2}>Dashboard</Title>
+        <Title order={1}>Dashboard</Title>
         <Button component={Link} to="/availability">
           Book GPUs
         </Button>
       </Group>
 
-      <Title order={4}>My projects</Title>
+      <Title order={2} size="h4">My projects</Title>
       <QueryState
         isLoading={balances.isLoading || quotas.isLoading}
         error={balances.error || quotas.error}
@@ -77,58 +79,84 @@ export function DashboardPage() {
         </SimpleGrid>
       </QueryState>
 
-      <Title order={4}>Running</Title>
+      <Title order={2} size="h4">Running</Title>
       <QueryState isLoading={reservations.isLoading} error={reservations.error} isEmpty={running.length === 0}
         empty="Nothing is running." label="reservations">
-        <ReservationTable rows={running} />
+        <ReservationTable rows={running} withCost label="Running reservations" />
       </QueryState>
 
-      <Title order={4}>Upcoming</Title>
+      <Title order={2} size="h4">Upcoming</Title>
       <QueryState isLoading={reservations.isLoading} error={reservations.error} isEmpty={upcoming.length === 0}
-        empty={<>No upcoming reservations. <Anchor component={Link} to="/availability">Find a free window</Anchor>.</>}
+        empty={<>No upcoming reservations. <Anchor component={Link} to="/availability" underline="always">Find a free window</Anchor>.</>}
         label="reservations">
-        <ReservationTable rows={upcoming} />
+        <ReservationTable rows={upcoming} label="Upcoming reservations" />
       </QueryState>
+      <Text size="sm">
+        Finished reservations, their duration and what they cost are in the{" "}
+        <Anchor component={Link} to="/history" underline="always">history</Anchor>.
+      </Text>
     </Stack>
   );
 }
 
-export function ReservationTable({ rows }: { rows: Reservation[] }) {
+/** When a reservation starts or ends: relative to now (refreshed), with the time itself under it. */
+export function WhenCell({ iso, now, label }: { iso: string; now: number; label: string }) {
   return (
-    <Table.ScrollContainer minWidth={560}>
-      <Table striped highlightOnHover>
-        <Table.Thead>
-          <Table.Tr>
-            <Table.Th>Name</Table.Th>
-            <Table.Th>Project</Table.Th>
-            <Table.Th>State</Table.Th>
-            <Table.Th>GPUs</Table.Th>
-            <Table.Th>Starts</Table.Th>
-            <Table.Th>Ends</Table.Th>
+    <Table.Td data-label={label} title={formatDateTime(iso)}>
+      <Stack gap={0}>
+        <Text size="sm" span>{formatRelative(iso, now)}</Text>
+        <Text size="xs" c="dimmed" span>{formatDateTime(iso)}</Text>
+      </Stack>
+    </Table.Td>
+  );
+}
+
+export function gpusOf(r: Reservation): string {
+  const what = r.spec.whole_servers ? `${r.spec.whole_servers} server(s)` : `${r.spec.gpu_count ?? "?"}`;
+  return what + (r.spec.gpu_model ? ` × ${r.spec.gpu_model}` : "");
+}
+
+/** Reservations not yet over; `withCost` adds their rate and what they have cost so far. */
+export function ReservationTable({ rows, withCost = false, label }: { rows: Reservation[]; withCost?: boolean; label: string }) {
+  const now = useNow();
+  return (
+    <ResponsiveTable minWidth={withCost ? 760 : 560} striped highlightOnHover aria-label={label}>
+      <Table.Thead>
+        <Table.Tr>
+          <Table.Th>Name</Table.Th>
+          <Table.Th>Project</Table.Th>
+          <Table.Th>State</Table.Th>
+          <Table.Th>GPUs</Table.Th>
+          <Table.Th>Starts</Table.Th>
+          <Table.Th>Ends</Table.Th>
+          {withCost && <Table.Th>Credits/h</Table.Th>}
+          {withCost && <Table.Th>Cost so far</Table.Th>}
+        </Table.Tr>
+      </Table.Thead>
+      <Table.Tbody>
+        {rows.map((r) => (
+          <Table.Tr key={r.id} data-testid={`reservation-row-${r.id}`}>
+            <Table.Td data-label="Name">
+              <Anchor component={Link} to={`/reservations/${r.id}`}>
+                {r.name}
+              </Anchor>
+            </Table.Td>
+            <Table.Td data-label="Project">{r.project}</Table.Td>
+            <Table.Td data-label="State">
+              <StateBadge state={r.state} />
+            </Table.Td>
+            <Table.Td data-label="GPUs">{gpusOf(r)}</Table.Td>
+            <WhenCell iso={r.starts_at} now={now} label="Starts" />
+            <WhenCell iso={r.ends_at} now={now} label="Ends" />
+            {withCost && <Table.Td data-label="Credits/h" data-testid="row-rate">{formatCredits(r.cost?.credits_per_hour)}</Table.Td>}
+            {withCost && (
+              <Table.Td data-label="Cost so far" data-testid="row-cost">
+                {formatCredits(r.cost?.credits_so_far)} credits
+              </Table.Td>
+            )}
           </Table.Tr>
-        </Table.Thead>
-        <Table.Tbody>
-          {rows.map((r) => (
-            <Table.Tr key={r.id}>
-              <Table.Td>
-                <Anchor component={Link} to={`/reservations/${r.id}`}>
-                  {r.name}
-                </Anchor>
-              </Table.Td>
-              <Table.Td>{r.project}</Table.Td>
-              <Table.Td>
-                <StateBadge state={r.state} />
-              </Table.Td>
-              <Table.Td>
-                {r.spec.whole_servers ? `${r.spec.whole_servers} server(s)` : `${r.spec.gpu_count ?? "?"}`}
-                {r.spec.gpu_model ? ` × ${r.spec.gpu_model}` : ""}
-              </Table.Td>
-              <Table.Td title={formatDateTime(r.starts_at)}>{formatRelative(r.starts_at)}</Table.Td>
-              <Table.Td title={formatDateTime(r.ends_at)}>{formatRelative(r.ends_at)}</Table.Td>
-            </Table.Tr>
-          ))}
-        </Table.Tbody>
-      </Table>
-    </Table.ScrollContainer>
+        ))}
+      </Table.Tbody>
+    </ResponsiveTable>
   );
 }

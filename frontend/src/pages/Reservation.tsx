@@ -1,4 +1,5 @@
 import {
+  Alert,
   Anchor,
   Button,
   Card,
@@ -21,13 +22,33 @@ import { Link, useParams } from "react-router";
 
 import { ApiError, api, isMissingEndpoint } from "../api/client";
 import { pollUnlessRefused } from "../api/hooks";
-import type { ReservationDetail, ReservationTelemetry } from "../api/types";
+import type { ExtendQuote, ReservationDetail, ReservationEvent, ReservationTelemetry } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
+import { ConfirmButton } from "../components/ConfirmButton";
 import { ConnectPanel } from "../components/ConnectPanel";
 import { LogPanel } from "../components/LogPanel";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
-import { formatDateTime, formatRelative, fromLocalInput, shortUuid, toLocalInput } from "../lib/format";
-import { TELEMETRY_CHARTS, chartData, gpuLabel, rememberLatest, telemetrySince, type RecentSamples } from "../lib/telemetry";
+import { ResponsiveTable } from "../components/ResponsiveTable";
+import {
+  formatCredits,
+  formatDateTime,
+  formatDuration,
+  fromLocalInput,
+  shortUuid,
+  toLocalInput,
+} from "../lib/format";
+import {
+  TELEMETRY_CHARTS,
+  chartData,
+  formatChartValue,
+  gpuLabel,
+  rememberLatest,
+  seriesStyle,
+  telemetrySince,
+  type RecentSamples,
+} from "../lib/telemetry";
+import { FINAL_STATES, heldText, whenText } from "../lib/reservation";
+import { useNow } from "../lib/useNow";
 
 const POLL_MS = 3_000;
 
@@ -58,19 +79,21 @@ export function ReservationPage() {
   );
 }
 
+const FINAL = FINAL_STATES;
+
 function ReservationView({ r }: { r: ReservationDetail }) {
   const live = ["starting", "running", "ending"].includes(r.state);
+  const now = useNow(10_000);
   return (
     <Stack>
       <Group justify="space-between" align="flex-start">
         <div>
           <Group gap="sm">
-            <Title order={2}>{r.name}</Title>
+            <Title order={1} size="h2">{r.name}</Title>
             <StateBadge state={r.state} />
           </Group>
-          <Text size="sm" c="dimmed">
-            {r.project} · {formatDateTime(r.starts_at)} – {formatDateTime(r.ends_at)} · starts {formatRelative(r.starts_at)}, ends{" "}
-            {formatRelative(r.ends_at)}
+          <Text size="sm" c="dimmed" data-testid="reservation-when">
+            {r.project} · {formatDateTime(r.starts_at)} – {formatDateTime(r.ends_at)} · {whenText(r, now)}
           </Text>
           <Text size="sm" c="dimmed">
             <Code>{r.image}</Code> {r.command?.length ? <Code>{r.command.join(" ")}</Code> : null}
@@ -90,6 +113,8 @@ function ReservationView({ r }: { r: ReservationDetail }) {
         <Actions r={r} />
       </Group>
 
+      <CostPanel r={r} />
+
       <ConnectPanel access={r.access} reservationId={r.id} />
 
       <Grid>
@@ -104,10 +129,11 @@ function ReservationView({ r }: { r: ReservationDetail }) {
             <Text fw={600} mb="xs">Events</Text>
             <MTimeline bulletSize={14} lineWidth={2} active={r.events.length}>
               {r.events.map((e, i) => (
-                <MTimeline.Item key={i} title={isSession(e.data) ? "SSH session" : `${e.from_state || "new"} → ${e.to_state}`}>
+                <MTimeline.Item key={i} title={eventTitle(e)} data-testid={eventKind(e)}>
                   <Text size="xs" c="dimmed">
                     {formatDateTime(e.at)} · {e.actor_label || "system"}
                   </Text>
+                  <EventDetail e={e} />
                   {e.reason && <Text size="xs">{e.reason}</Text>}
                 </MTimeline.Item>
               ))}
@@ -138,40 +164,119 @@ function ReservationView({ r }: { r: ReservationDetail }) {
   );
 }
 
+type EventData = Record<string, unknown>;
+
+function eventData(e: ReservationEvent): EventData {
+  return typeof e.data === "object" && e.data !== null ? (e.data as EventData) : {};
+}
+
+function isExtension(e: ReservationEvent): boolean {
+  const d = eventData(e);
+  return typeof d.old_ends_at === "string" && typeof d.ends_at === "string";
+}
+
+function eventKind(e: ReservationEvent): string {
+  if (isSession(e.data)) return "event-session";
+  if (isExtension(e)) return "event-extended";
+  return `event-${e.to_state}`;
+}
+
+function eventTitle(e: ReservationEvent): string {
+  if (isSession(e.data)) return "SSH session";
+  if (isExtension(e)) return "Extended";
+  return `${e.from_state || "new"} → ${e.to_state}`;
+}
+
+/** What an event changed, from its data: an extension's old and new end, an early end, a charge. */
+function EventDetail({ e }: { e: ReservationEvent }) {
+  const d = eventData(e);
+  if (isExtension(e)) {
+    return (
+      <Text size="xs" data-testid="event-extension-ends">
+        End moved from {formatDateTime(String(d.old_ends_at))} to {formatDateTime(String(d.ends_at))}
+        {typeof d.credits_held === "string" ? ` · ${formatCredits(d.credits_held)} more credits held` : ""}
+      </Text>
+    );
+  }
+  if (typeof d.booked_ends_at === "string" && typeof d.ends_at === "string") {
+    return (
+      <Text size="xs">
+        Window cut to {formatDateTime(d.ends_at)} (booked until {formatDateTime(d.booked_ends_at)})
+      </Text>
+    );
+  }
+  if (typeof d.credits_charged === "string") {
+    return <Text size="xs">{formatCredits(d.credits_charged)} credits charged</Text>;
+  }
+  return null;
+}
+
+/** The rate, the running cost while it runs, and the summary once it is over. */
+function CostPanel({ r }: { r: ReservationDetail }) {
+  const c = r.cost;
+  const over = FINAL.includes(r.state);
+  const started = c.elapsed_seconds > 0;
+  return (
+    <Card withBorder data-testid="cost-panel" aria-labelledby="cost-title">
+      <Group justify="space-between" align="baseline">
+        <Text fw={600} id="cost-title">Cost</Text>
+        <Text size="sm" data-testid="cost-rate">
+          {formatCredits(c.credits_per_hour)} credits/h
+        </Text>
+      </Group>
+      {over ? (
+        <Text size="sm" data-testid="cost-summary">
+          {r.state === "completed" ? "Completed" : `Ended (${r.state})`}: {formatDuration(c.elapsed_seconds)},{" "}
+          {formatCredits(c.gpu_hours)} GPU-h, {formatCredits(c.credits_charged)} credits
+        </Text>
+      ) : started ? (
+        <Text size="sm" data-testid="cost-so-far">
+          {formatCredits(c.credits_so_far)} credits so far ({formatDuration(c.elapsed_seconds)}, {formatCredits(c.gpu_hours)}{" "}
+          GPU-h) of {formatCredits(c.booked_credits)} held for the booked window
+        </Text>
+      ) : (
+        <Text size="sm" data-testid="cost-booked">
+          Nothing used yet; {formatCredits(c.booked_credits)} credits are held for the booked window. Releasing early
+          gives back what is not used.
+        </Text>
+      )}
+    </Card>
+  );
+}
+
 function Allocations({ r }: { r: ReservationDetail }) {
   // The telemetry answer says which GPUs are simulated, to tenants too; the query is shared with the charts.
   const telemetry = useReservationTelemetry(r);
   const simulated = new Set((telemetry.data?.gpus ?? []).filter((g) => g.simulated).map((g) => g.server));
+  const now = useNow();
   if (r.allocations.length === 0) return <Text c="dimmed" size="sm">No GPUs allocated yet.</Text>;
   return (
-    <Table.ScrollContainer minWidth={420}>
-      <Table>
-        <Table.Thead>
-          <Table.Tr>
-            <Table.Th>Server</Table.Th>
-            <Table.Th>GPU</Table.Th>
-            <Table.Th>Model</Table.Th>
-            <Table.Th>UUID</Table.Th>
-            <Table.Th>Held</Table.Th>
+    <ResponsiveTable minWidth={420} aria-label="GPUs">
+      <Table.Thead>
+        <Table.Tr>
+          <Table.Th>Server</Table.Th>
+          <Table.Th>GPU</Table.Th>
+          <Table.Th>Model</Table.Th>
+          <Table.Th>UUID</Table.Th>
+          <Table.Th>Held</Table.Th>
+        </Table.Tr>
+      </Table.Thead>
+      <Table.Tbody>
+        {r.allocations.map((a) => (
+          <Table.Tr key={`${a.gpu}-${a.starts_at}`}>
+            <Table.Td data-label="Server">
+              <Group gap={4}>
+                {a.server} {simulated.has(a.server) && <SimulatedBadge />}
+              </Group>
+            </Table.Td>
+            <Table.Td data-label="GPU">{a.index}</Table.Td>
+            <Table.Td data-label="Model">{a.gpu_model}</Table.Td>
+            <Table.Td data-label="UUID" title={a.gpu}>{shortUuid(a.gpu)}</Table.Td>
+            <Table.Td data-label="Held" data-testid="allocation-held">{heldText(a, now)}</Table.Td>
           </Table.Tr>
-        </Table.Thead>
-        <Table.Tbody>
-          {r.allocations.map((a) => (
-            <Table.Tr key={`${a.gpu}-${a.starts_at}`}>
-              <Table.Td>
-                <Group gap={4}>
-                  {a.server} {simulated.has(a.server) && <SimulatedBadge />}
-                </Group>
-              </Table.Td>
-              <Table.Td>{a.index}</Table.Td>
-              <Table.Td>{a.gpu_model}</Table.Td>
-              <Table.Td title={a.gpu}>{shortUuid(a.gpu)}</Table.Td>
-              <Table.Td>{a.active ? "yes" : a.released_at ? `released ${formatRelative(a.released_at)}` : "no"}</Table.Td>
-            </Table.Tr>
-          ))}
-        </Table.Tbody>
-      </Table>
-    </Table.ScrollContainer>
+        ))}
+      </Table.Tbody>
+    </ResponsiveTable>
   );
 }
 
@@ -251,28 +356,42 @@ function TelemetryCharts({ r }: { r: ReservationDetail }) {
             {c.rows.length === 0 ? (
               <Text size="xs" c="dimmed" h={180}>This GPU does not report it.</Text>
             ) : (
-              <LineChart
-                h={180}
-                data={c.rows}
-                dataKey="t"
-                series={c.series.map((l, i) => ({
-                  name: l,
-                  label: simulated.includes(l) ? `${l} (simulated)` : l,
-                  color: COLORS[i % COLORS.length],
-                }))}
-                xAxisProps={{
-                  type: "number",
-                  scale: "time",
-                  domain: ["dataMin", "dataMax"],
-                  tickFormatter: (t: number) => clock(t, c.rows),
-                }}
-                tooltipProps={{ labelFormatter: (t: number) => new Date(t).toLocaleTimeString("en-GB") }}
-                unit={c.unit}
-                withDots={c.rows.length < 3}
-                curveType="linear"
-                connectNulls
-                withLegend={c.series.length <= 8}
-              />
+              <div className="telemetry-chart" data-series={c.series.join(",")} data-unit={c.unit.trim()}>
+                <LineChart
+                  h={200}
+                  data={c.rows}
+                  dataKey="t"
+                  series={c.series.map((l, i) => ({
+                    name: l,
+                    label: simulated.includes(l) ? `${l} (sim.)` : l,
+                    color: COLORS[i % COLORS.length],
+                    ...seriesStyle(i, c.series.length),
+                  }))}
+                  // Each GPU's own width and dash: two GPUs with the same figures still show both lines.
+                  lineProps={(series) => {
+                    const i = c.series.indexOf(series.name);
+                    return { strokeWidth: seriesStyle(i, c.series.length).strokeWidth };
+                  }}
+                  xAxisProps={{
+                    type: "number",
+                    scale: "time",
+                    domain: ["dataMin", "dataMax"],
+                    tickFormatter: (t: number) => clock(t, c.rows),
+                  }}
+                  yAxisProps={{ width: 64 }}
+                  valueFormatter={(v: number) => formatChartValue(v, c)}
+                  tooltipProps={{
+                    labelFormatter: (t: number) => new Date(t).toLocaleTimeString("en-GB"),
+                    allowEscapeViewBox: { x: false, y: false },
+                    wrapperStyle: { zIndex: 3, maxWidth: "100%" },
+                  }}
+                  withDots={c.rows.length < 3}
+                  curveType="linear"
+                  connectNulls
+                  withLegend={c.series.length <= 8}
+                  legendProps={{ verticalAlign: "bottom", height: 40 }}
+                />
+              </div>
             )}
           </div>
         ))}
@@ -342,10 +461,15 @@ function Launches({ r }: { r: ReservationDetail }) {
   );
 }
 
+const QUICK_EXTENSIONS = [
+  { label: "+1 h", ms: 3_600_000 },
+  { label: "+4 h", ms: 4 * 3_600_000 },
+  { label: "+1 day", ms: 24 * 3_600_000 },
+];
+
 function Actions({ r }: { r: ReservationDetail }) {
   const queryClient = useQueryClient();
   const [extendOpen, setExtendOpen] = useState(false);
-  const [newEnd, setNewEnd] = useState(() => toLocalInput(new Date(Date.parse(r.ends_at) + 3_600_000)));
   const act = useMutation({
     mutationFn: ({ verb, body }: { verb: "cancel" | "release" | "extend"; body: object }) =>
       api.post<ReservationDetail>(`reservations/${r.id}/${verb}/`, body),
@@ -358,43 +482,115 @@ function Actions({ r }: { r: ReservationDetail }) {
   });
   const before = ["pending", "scheduled"].includes(r.state);
   const running = ["starting", "running"].includes(r.state);
-  const extendError = act.error instanceof ApiError ? act.error.fieldError("ends_at") : undefined;
   return (
     <Stack gap="xs" align="flex-end">
       <Group gap="xs">
         {before && (
-          <Button color="red" variant="light" loading={act.isPending}
-            onClick={() => act.mutate({ verb: "cancel", body: { reason: "cancelled from the portal" } })}>
+          <ConfirmButton color="red" variant="light" title="Cancel this reservation?"
+            message={<>Its GPUs go back to the pool and the {formatCredits(r.cost.booked_credits)} credits held for it are
+              released. This cannot be undone; booking again may not find the same window free.</>}
+            confirmLabel="Yes, cancel it" keepLabel="Keep the reservation" errorTitle="Could not cancel"
+            onConfirm={() => act.mutateAsync({ verb: "cancel", body: { reason: "cancelled from the portal" } })}>
             Cancel reservation
-          </Button>
+          </ConfirmButton>
         )}
         {running && (
-          <Button color="orange" variant="light" loading={act.isPending}
-            onClick={() => act.mutate({ verb: "release", body: { reason: "released early from the portal" } })}>
+          <ConfirmButton color="orange" variant="light" title="Release the GPUs now?"
+            message={<>The container is stopped and the window ends now; the project pays for the time used so far
+              ({formatCredits(r.cost.credits_so_far)} credits) and gets the rest of the hold back. This cannot be undone.</>}
+            confirmLabel="Release the GPUs" keepLabel="Keep it running" errorTitle="Could not release"
+            onConfirm={() => act.mutateAsync({ verb: "release", body: { reason: "released early from the portal" } })}>
             Release now
-          </Button>
+          </ConfirmButton>
         )}
         {(before || running) && (
-          <Button variant="default" onClick={() => setExtendOpen(true)}>Extend</Button>
+          <Button variant="default" onClick={() => { act.reset(); setExtendOpen(true); }}>Extend</Button>
         )}
       </Group>
-      {act.error && !extendOpen && <ErrorAlert error={act.error} title="The server refused" />}
-      <Modal opened={extendOpen} onClose={() => setExtendOpen(false)} title="Extend the reservation">
-        <Stack>
-          <TextInput type="datetime-local" label="New end" value={newEnd} onChange={(e) => setNewEnd(e.currentTarget.value)}
-            error={extendError} />
-          {act.error && !extendError && <ErrorAlert error={act.error} title="The server refused" />}
-          <Button
-            onClick={() => {
-              const d = fromLocalInput(newEnd);
-              if (d) act.mutate({ verb: "extend", body: { ends_at: d.toISOString(), reason: "extended from the portal" } });
-            }}
-            loading={act.isPending}
-          >
-            Extend
-          </Button>
-        </Stack>
+      <Modal opened={extendOpen} onClose={() => setExtendOpen(false)} title="Extend the reservation" closeButtonProps={{ "aria-label": "Close" }}>
+        {extendOpen && <ExtendForm r={r} act={act} />}
       </Modal>
+    </Stack>
+  );
+}
+
+type ActMutation = ReturnType<typeof useMutation<ReservationDetail, Error, { verb: "cancel" | "release" | "extend"; body: object }>>;
+
+/** The new end, from a quick choice or typed; the quote says what it costs and whether its GPUs are free. */
+function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
+  const currentEnd = Date.parse(r.ends_at);
+  // A quick choice keeps the exact instant (the current end to the second, plus its hours); a typed end is
+  // to the minute, as the field reads it.
+  const [choice, setChoice] = useState<{ text: string; end: Date | null }>(() => {
+    const end = new Date(currentEnd + QUICK_EXTENSIONS[0].ms);
+    return { text: toLocalInput(end), end };
+  });
+  const newEnd = choice.text;
+  const end = choice.end;
+  const setNewEnd = (text: string) => setChoice({ text, end: fromLocalInput(text) });
+  const pick = (d: Date) => setChoice({ text: toLocalInput(d), end: d });
+  const iso = end ? end.toISOString() : null;
+  const quote = useQuery({
+    queryKey: ["extend-quote", r.id, r.ends_at, iso],
+    queryFn: () => api.get<ExtendQuote>(`reservations/${r.id}/extend-quote/`, { ends_at: iso }),
+    enabled: iso !== null && end !== null && end.getTime() > currentEnd,
+    staleTime: 5_000,
+  });
+  const q = quote.data;
+  const extendError = act.error instanceof ApiError ? act.error.fieldError("ends_at") : undefined;
+  const tooEarly = end !== null && end.getTime() <= currentEnd;
+  return (
+    <Stack>
+      <Text size="sm">Now ends {formatDateTime(r.ends_at)}.</Text>
+      <Group gap="xs" role="group" aria-label="Quick choices">
+        {QUICK_EXTENSIONS.map((x) => {
+          const pressed = end !== null && end.getTime() === currentEnd + x.ms;
+          return (
+            <Button key={x.label} size="xs" variant={pressed ? "filled" : "default"} aria-pressed={pressed}
+              onClick={() => pick(new Date(currentEnd + x.ms))}>
+              {x.label}
+            </Button>
+          );
+        })}
+      </Group>
+      <TextInput type="datetime-local" label="New end" value={newEnd} onChange={(e) => setNewEnd(e.currentTarget.value)}
+        error={extendError ?? (tooEarly ? "Choose a time after the current end." : undefined)} />
+      <div aria-live="polite" data-testid="extend-quote">
+        {quote.isFetching && !q && <Text size="sm" c="dimmed">Checking the GPUs and the price…</Text>}
+        {quote.error && <ErrorAlert error={quote.error} title="Could not price the extension" />}
+        {q && (
+          <Stack gap={4}>
+            <Text size="sm" data-testid="extend-cost">
+              +{formatDuration(Number(q.extra_hours) * 3600)}: {formatCredits(q.extra_credits)} more credits (at{" "}
+              {formatCredits(q.credits_per_hour)} credits/h)
+            </Text>
+            <Text size="sm" fw={500} data-testid="extend-free">
+              {q.gpus_free ? "✓ The same GPUs are free until then." : "✗ The same GPUs are not free until then."}
+            </Text>
+            {q.refusal && (
+              <Alert color={q.gpus_free ? "orange" : "red"} p="xs" data-testid="extend-refusal">
+                <Text size="sm">{q.refusal.message}</Text>
+                {q.refusal.free_until && Date.parse(q.refusal.free_until) > currentEnd && (
+                  <Button size="xs" variant="light" mt="xs"
+                    onClick={() => pick(new Date(Date.parse(q.refusal!.free_until!)))}>
+                    Extend to {formatDateTime(q.refusal.free_until)} instead
+                  </Button>
+                )}
+              </Alert>
+            )}
+          </Stack>
+        )}
+      </div>
+      {act.error && !extendError && <ErrorAlert error={act.error} title="The server refused" />}
+      <Button
+        onClick={() => {
+          if (iso) act.mutate({ verb: "extend", body: { ends_at: iso, reason: "extended from the portal" } });
+        }}
+        disabled={!iso || tooEarly || (q !== undefined && !q.allowed)}
+        loading={act.isPending}
+      >
+        Extend
+      </Button>
     </Stack>
   );
 }

@@ -1,10 +1,12 @@
-import { Button, Card, Code, Group, Modal, Stack, Table, Text, Textarea, TextInput, Title } from "@mantine/core";
+import { Button, Card, Code, Group, Stack, Table, Text, Textarea, TextInput, Title, VisuallyHidden } from "@mantine/core";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
 
 import { ApiError, api } from "../api/client";
 import type { Page, SshKey } from "../api/types";
+import { ConfirmButton } from "../components/ConfirmButton";
 import { ErrorAlert, QueryState } from "../components/QueryState";
+import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatDateTime } from "../lib/format";
 
 // The API judges every key (docs/access.md, "Keys"); the page only shows its refusals under the fields.
@@ -14,7 +16,6 @@ export function SshKeysPage() {
   const [name, setName] = useState("");
   const [publicKey, setPublicKey] = useState("");
   const [added, setAdded] = useState<SshKey | null>(null);
-  const [doomed, setDoomed] = useState<SshKey | null>(null);
 
   const create = useMutation({
     mutationFn: () => api.post<SshKey>("ssh-keys/", { name, public_key: publicKey }),
@@ -27,10 +28,7 @@ export function SshKeysPage() {
   });
   const remove = useMutation({
     mutationFn: (id: number) => api.del<void>(`ssh-keys/${id}/`),
-    onSuccess: () => {
-      setDoomed(null);
-      queryClient.invalidateQueries({ queryKey: ["ssh-keys"] });
-    },
+    onSuccess: () => queryClient.invalidateQueries({ queryKey: ["ssh-keys"] }),
   });
   const err = create.error instanceof ApiError ? create.error : null;
   const fieldShown = err?.fieldError("name") || err?.fieldError("public_key");
@@ -43,7 +41,7 @@ export function SshKeysPage() {
 
   return (
     <Stack>
-      <Title order={2}>SSH keys</Title>
+      <Title order={1}>SSH keys</Title>
       <Text size="sm" c="dimmed">
         The SSH gateways let you into your projects' running reservations with these keys. Paste a public key, the
         one line of a <Code>.pub</Code> file such as <Code>~/.ssh/id_ed25519.pub</Code>: ed25519, ECDSA, or RSA of
@@ -69,49 +67,34 @@ export function SshKeysPage() {
       </Card>
       <QueryState isLoading={keys.isLoading} error={keys.error} isEmpty={keys.data?.results.length === 0}
         empty="You have no SSH keys." label="SSH keys">
-        <Table.ScrollContainer minWidth={700}>
-          <Table striped>
-            <Table.Thead>
-              <Table.Tr>
-                <Table.Th>Name</Table.Th><Table.Th>Type</Table.Th><Table.Th>Fingerprint</Table.Th>
-                <Table.Th>Comment</Table.Th><Table.Th>Added</Table.Th><Table.Th />
+        <ResponsiveTable minWidth={700} striped aria-label="SSH keys">
+          <Table.Thead>
+            <Table.Tr>
+              <Table.Th>Name</Table.Th><Table.Th>Type</Table.Th><Table.Th>Fingerprint</Table.Th>
+              <Table.Th>Comment</Table.Th><Table.Th>Added</Table.Th><Table.Th><VisuallyHidden>Actions</VisuallyHidden></Table.Th>
+            </Table.Tr>
+          </Table.Thead>
+          <Table.Tbody>
+            {keys.data?.results.map((k) => (
+              <Table.Tr key={k.id} data-testid={`ssh-key-${k.id}`}>
+                <Table.Td data-label="Name">{k.name}</Table.Td>
+                <Table.Td data-label="Type">{k.key_type} ({k.bits} bits)</Table.Td>
+                <Table.Td data-label="Fingerprint"><Code>{k.fingerprint}</Code></Table.Td>
+                <Table.Td data-label="Comment">{k.comment}</Table.Td>
+                <Table.Td data-label="Added">{formatDateTime(k.created_at)}</Table.Td>
+                <Table.Td>
+                  <ConfirmButton size="xs" aria-label={`Delete key ${k.name}`} title="Delete this SSH key?"
+                    message={<>"{k.name}" (<Code>{k.fingerprint}</Code>) will no longer open SSH sessions. This cannot be undone; you can add the key again.</>}
+                    confirmLabel="Delete key" errorTitle="Could not delete the key"
+                    onConfirm={() => remove.mutateAsync(k.id)}>
+                    Delete
+                  </ConfirmButton>
+                </Table.Td>
               </Table.Tr>
-            </Table.Thead>
-            <Table.Tbody>
-              {keys.data?.results.map((k) => (
-                <Table.Tr key={k.id} data-testid={`ssh-key-${k.id}`}>
-                  <Table.Td>{k.name}</Table.Td>
-                  <Table.Td>{k.key_type} ({k.bits} bits)</Table.Td>
-                  <Table.Td><Code>{k.fingerprint}</Code></Table.Td>
-                  <Table.Td>{k.comment}</Table.Td>
-                  <Table.Td>{formatDateTime(k.created_at)}</Table.Td>
-                  <Table.Td>
-                    <Button size="xs" color="red" variant="subtle" onClick={() => { remove.reset(); setDoomed(k); }}
-                      aria-label={`Delete key ${k.name}`}>
-                      Delete
-                    </Button>
-                  </Table.Td>
-                </Table.Tr>
-              ))}
-            </Table.Tbody>
-          </Table>
-        </Table.ScrollContainer>
+            ))}
+          </Table.Tbody>
+        </ResponsiveTable>
       </QueryState>
-      <Modal opened={doomed !== null} onClose={() => setDoomed(null)} title="Delete this SSH key?">
-        {doomed && (
-          <Stack>
-            <Text size="sm">
-              "{doomed.name}" (<Code>{doomed.fingerprint}</Code>) will no longer open SSH sessions. This cannot be
-              undone; you can add the key again.
-            </Text>
-            {remove.error && <ErrorAlert error={remove.error} title="Could not delete the key" />}
-            <Group justify="flex-end">
-              <Button variant="default" onClick={() => setDoomed(null)}>Keep it</Button>
-              <Button color="red" loading={remove.isPending} onClick={() => remove.mutate(doomed.id)}>Delete key</Button>
-            </Group>
-          </Stack>
-        )}
-      </Modal>
     </Stack>
   );
 }

@@ -1,5 +1,6 @@
 import {
-  Badge, Button, Card, Checkbox, Code, Group, Modal, NumberInput, Progress, Select, Stack, Table, Text, TextInput, Title,
+  Badge, Button, Card, Checkbox, Code, Group, NumberInput, Progress, Select, Stack, Table, Text, TextInput, Title,
+  VisuallyHidden,
 } from "@mantine/core";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
@@ -7,7 +8,9 @@ import { useState, type FormEvent } from "react";
 import { ApiError, api } from "../api/client";
 import { useMe } from "../api/hooks";
 import type { Page } from "../api/types";
+import { ConfirmButton } from "../components/ConfirmButton";
 import { ErrorAlert, QueryState } from "../components/QueryState";
+import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatDateTime } from "../lib/format";
 
 // GET/POST /projects/{slug}/volumes/, DELETE /projects/{slug}/volumes/{name}/ (docs/volumes.md).
@@ -50,7 +53,6 @@ export function VolumesPage() {
   const [name, setName] = useState("");
   const [size, setSize] = useState<number | string>(10);
   const [shared, setShared] = useState(false);
-  const [doomed, setDoomed] = useState<Volume | null>(null);
 
   const create = useMutation({
     mutationFn: () => api.post<Volume>(base, { name, size_limit_gib: size, shared }),
@@ -62,10 +64,7 @@ export function VolumesPage() {
   });
   const remove = useMutation({
     mutationFn: (v: Volume) => api.del<void>(`${base}${encodeURIComponent(v.name)}/`),
-    onSuccess: () => {
-      setDoomed(null);
-      queryClient.invalidateQueries({ queryKey: ["volumes", slug] });
-    },
+    onSuccess: () => queryClient.invalidateQueries({ queryKey: ["volumes", slug] }),
   });
   const err = create.error instanceof ApiError ? create.error : null;
   const fieldShown = err?.fieldError("name") || err?.fieldError("size_limit_gib");
@@ -77,7 +76,7 @@ export function VolumesPage() {
 
   return (
     <Stack>
-      <Title order={2}>Volumes</Title>
+      <Title order={1}>Volumes</Title>
       <Text size="sm" c="dimmed">
         A volume is a directory kept between reservations, mounted where a booking asks (default{" "}
         <Code>/workspace</Code>): <Code>gpucp book ... --volume data</Code>. Its size limit is what the project pays
@@ -106,19 +105,18 @@ export function VolumesPage() {
       {slug && (
         <QueryState isLoading={volumes.isLoading} error={volumes.error} isEmpty={volumes.data?.results.length === 0}
           empty="This project has no volumes." label="Volumes">
-          <Table.ScrollContainer minWidth={760}>
-            <Table striped>
+          <ResponsiveTable minWidth={760} striped aria-label="Volumes">
               <Table.Thead>
                 <Table.Tr>
                   <Table.Th>Name</Table.Th><Table.Th>Usage</Table.Th><Table.Th>Limit</Table.Th>
-                  <Table.Th>Shared</Table.Th><Table.Th>Measured</Table.Th><Table.Th />
+                  <Table.Th>Shared</Table.Th><Table.Th>Measured</Table.Th><Table.Th><VisuallyHidden>Actions</VisuallyHidden></Table.Th>
                 </Table.Tr>
               </Table.Thead>
               <Table.Tbody>
                 {volumes.data?.results.map((v) => (
                   <Table.Tr key={v.name} data-testid={`volume-${v.name}`}>
-                    <Table.Td>{v.name}</Table.Td>
-                    <Table.Td miw={200}>
+                    <Table.Td data-label="Name">{v.name}</Table.Td>
+                    <Table.Td miw={200} data-label="Usage">
                       {v.used_percent === null || v.used_bytes === null ? (
                         <Text size="sm" c="dimmed">not measured yet</Text>
                       ) : (
@@ -132,39 +130,26 @@ export function VolumesPage() {
                         </Stack>
                       )}
                     </Table.Td>
-                    <Table.Td>{v.size_limit_gib} GiB</Table.Td>
-                    <Table.Td>{v.shared ? "yes" : "no"}</Table.Td>
-                    <Table.Td>{formatDateTime(v.measured_at)}</Table.Td>
+                    <Table.Td data-label="Limit">{v.size_limit_gib} GiB</Table.Td>
+                    <Table.Td data-label="Shared">{v.shared ? "yes" : "no"}</Table.Td>
+                    <Table.Td data-label="Measured">{formatDateTime(v.measured_at)}</Table.Td>
                     <Table.Td>
                       {canWrite && (
-                        <Button size="xs" color="red" variant="subtle" onClick={() => { remove.reset(); setDoomed(v); }}
-                          aria-label={`Delete volume ${v.name}`}>
+                        <ConfirmButton size="xs" aria-label={`Delete volume ${v.name}`} title="Delete this volume?"
+                          message={<>"{v.name}" will no longer be mounted or charged. Its data on disk is not deleted: an operator
+                            removes it, and a new volume of the same name finds it again. A reservation that mounts it must end first.</>}
+                          confirmLabel="Delete volume" errorTitle="Could not delete the volume"
+                          onConfirm={() => remove.mutateAsync(v)}>
                           Delete
-                        </Button>
+                        </ConfirmButton>
                       )}
                     </Table.Td>
                   </Table.Tr>
                 ))}
               </Table.Tbody>
-            </Table>
-          </Table.ScrollContainer>
+          </ResponsiveTable>
         </QueryState>
       )}
-      <Modal opened={doomed !== null} onClose={() => setDoomed(null)} title="Delete this volume?">
-        {doomed && (
-          <Stack>
-            <Text size="sm">
-              "{doomed.name}" will no longer be mounted or charged. Its data on disk is not deleted: an operator
-              removes it, and a new volume of the same name finds it again. A reservation that mounts it must end first.
-            </Text>
-            {remove.error && <ErrorAlert error={remove.error} title="Could not delete the volume" />}
-            <Group justify="flex-end">
-              <Button variant="default" onClick={() => setDoomed(null)}>Keep it</Button>
-              <Button color="red" loading={remove.isPending} onClick={() => remove.mutate(doomed)}>Delete volume</Button>
-            </Group>
-          </Stack>
-        )}
-      </Modal>
     </Stack>
   );
 }

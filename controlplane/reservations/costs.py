@@ -1,0 +1,84 @@
+"""What a reservation costs: its rate, what it has used so far, and what the ledger charged once it ended.
+
+One rule for every figure: a GPU costs its model's billing weight in credits per hour it is held, from its
+allocation's start to its end, its release or now, whichever comes first (the same rule the ledger settles
+with when nothing was measured, ``services._used_credits``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import DecimalField, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from controlplane.ledger.choices import EntryKind
+from controlplane.ledger.models import LedgerEntry
+from controlplane.ledger.services import credits
+from controlplane.reservations.choices import FINAL_STATES
+from controlplane.reservations.models import Reservation
+
+SECONDS_PER_HOUR = Decimal(3600)
+_GPU_HOURS = Decimal("0.0001")
+
+# The annotation the list and detail querysets carry: the credits the ledger charged the reservation.
+CHARGED = "credits_charged_total"
+
+
+def with_charges(qs: Any) -> Any:
+    """``qs`` annotated with what the ledger charged each reservation (a sum of its charge entries)."""
+    charged = (
+        LedgerEntry.objects.filter(reservation_id=OuterRef("pk"), kind=EntryKind.CHARGE)
+        .order_by()
+        .values("reservation_id")
+        .annotate(total=Sum("amount"))
+        .values("total")
+    )
+    field = DecimalField(max_digits=16, decimal_places=4)
+    return qs.annotate(**{CHARGED: Coalesce(Subquery(charged, output_field=field), Decimal(0), output_field=field)})
+
+
+def _charged(reservation: Reservation) -> Decimal:
+    if hasattr(reservation, CHARGED):
+        total = getattr(reservation, CHARGED)
+    else:
+        total = LedgerEntry.objects.filter(reservation_id=reservation.pk, kind=EntryKind.CHARGE).aggregate(
+            t=Sum("amount")
+        )["t"]
+    # Charges are negative entries; the charge is what left the balance.
+    return -Decimal(total or 0)
+
+
+def _fmt(value: Decimal) -> str:
+    return format(value, "f")
+
+
+def cost_for(reservation: Reservation, *, now: datetime | None = None) -> dict[str, Any]:
+    """The ``cost`` object of a reservation's API answer (allocations with their GPU models loaded)."""
+    now = now or timezone.now()
+    rate = Decimal(0)
+    used = Decimal(0)  # credits, unrounded
+    gpu_seconds = 0.0
+    longest = 0.0
+    booked = Decimal(0)
+    for a in reservation.allocations.all():
+        weight = a.gpu.model.billing_weight
+        rate += weight
+        end = min(a.ends_at, a.released_at or a.ends_at, now)
+        seconds = max(0.0, (end - a.starts_at).total_seconds())
+        gpu_seconds += seconds
+        longest = max(longest, seconds)
+        used += weight * Decimal(str(seconds)) / SECONDS_PER_HOUR
+        booked += weight * Decimal(str((a.ends_at - a.starts_at).total_seconds())) / SECONDS_PER_HOUR
+    final = reservation.state in FINAL_STATES
+    return {
+        "credits_per_hour": _fmt(rate),
+        "booked_credits": _fmt(credits(booked)),
+        "elapsed_seconds": int(longest),
+        "gpu_hours": _fmt((Decimal(str(gpu_seconds)) / SECONDS_PER_HOUR).quantize(_GPU_HOURS)),
+        "credits_so_far": _fmt(credits(used)),
+        "credits_charged": _fmt(_charged(reservation)) if final else None,
+    }
