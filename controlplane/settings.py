@@ -180,7 +180,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "controlplane.core.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Documents every operation's error responses in the one error shape (controlplane/core/api/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "controlplane.core.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.core.api.errors.exception_handler",
     # DRF's parsers, refusing NUL and lone surrogates in any string, JSON nested past 32 levels, and numbers
     # out of a float's range, each as a 400 naming the field (controlplane/core/api/parsers.py).
@@ -213,6 +214,10 @@ SPECTACULAR_SETTINGS = {
     # 3.1: the agent's wire models are documented from pydantic, whose JSON Schema writes an optional value as
     # anyOf [..., {"type": "null"}], which OpenAPI 3.0 does not allow.
     "OAS_VERSION": "3.1.0",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.core.api.schema.postprocess",
+    ],
     # Several models have a field named "state"; each choice set gets a name of its own instead of a hash.
     "ENUM_NAME_OVERRIDES": {
         "ReservationStateEnum": "controlplane.reservations.choices.ReservationState",

@@ -79,7 +79,9 @@ class OperatorServerGpuSerializer(OperatorGpuSerializer):
 
 class ServerSerializer(serializers.ModelSerializer):
     site = serializers.SerializerMethodField()
-    rack: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    rack: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name", allow_null=True, read_only=True
+    )
     gpus = ServerGpuSerializer(many=True, read_only=True)
 
     class Meta:
@@ -94,6 +96,8 @@ class ServerSerializer(serializers.ModelSerializer):
 class OperatorServerSerializer(ServerSerializer):
     gpus = OperatorServerGpuSerializer(many=True, read_only=True)  # type: ignore[assignment]
     credential = serializers.SerializerMethodField()
+    # "" while the server is not offline.
+    state_before_offline = serializers.ChoiceField(choices=ServerState.choices, allow_blank=True, read_only=True)
 
     class Meta(ServerSerializer.Meta):
         fields = [
@@ -111,8 +115,7 @@ class OperatorServerSerializer(ServerSerializer):
 
     @extend_schema_field(
         {
-            "type": "object",
-            "nullable": True,
+            "type": ["object", "null"],
             "properties": {"lookup": {"type": "string"}, "created_at": {"type": "string", "format": "date-time"}},
         }
     )
@@ -127,7 +130,7 @@ class OperatorServerSerializer(ServerSerializer):
 
 
 class ServerEventSerializer(serializers.ModelSerializer):
-    gpu: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="uuid", read_only=True)
+    gpu: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="uuid", allow_null=True, read_only=True)
 
     class Meta:
         model = ServerEvent
