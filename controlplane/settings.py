@@ -179,10 +179,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.core.api.pagination.Pagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    # django-filter, reading query parameters as the rest of the API does (controlplane/core/api/filters.py).
+    "DEFAULT_FILTER_BACKENDS": ["controlplane.core.api.filters.FilterBackend"],
     # Documents every operation's error responses in the one error shape (controlplane/core/api/schema.py).
     "DEFAULT_SCHEMA_CLASS": "controlplane.core.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.core.api.errors.exception_handler",
+    # An unknown ?format= is a 400 naming it, not DRF's 404 (controlplane/core/api/negotiation.py).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "controlplane.core.api.negotiation.ContentNegotiation",
     # DRF's parsers, refusing NUL and lone surrogates in any string, JSON nested past 32 levels, and numbers
     # out of a float's range, each as a 400 naming the field (controlplane/core/api/parsers.py).
     "DEFAULT_PARSER_CLASSES": [
@@ -214,6 +217,9 @@ SPECTACULAR_SETTINGS = {
     # 3.1: the agent's wire models are documented from pydantic, whose JSON Schema writes an optional value as
     # anyOf [..., {"type": "null"}], which OpenAPI 3.0 does not allow.
     "OAS_VERSION": "3.1.0",
+    # Request bodies are documented as JSON, what the portal, gpucp and the agent send; forms are parsed too
+    # (with the same refusals) but are not described.
+    "PARSER_WHITELIST": ["controlplane.core.api.parsers.JSONParser", "rest_framework.parsers.JSONParser"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "controlplane.core.api.schema.postprocess",

@@ -204,6 +204,7 @@ class CsrfView(APIView):
 class LoginView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [permissions.AllowAny]
+    schema_error_statuses = ("403",)  # the CSRF check (controlplane/core/api/schema.py)
 
     # DRF exempts its views from CSRF and checks it only for authenticated session users; a login form
     # must be protected too, or another site could log a victim into the attacker's account.

@@ -10,7 +10,12 @@ view already documents that status itself:
 * 404 where the path names an object (it may not exist, or not be the caller's);
 * 409 on every authenticated write (the state does not allow it, or another writer won: retry);
 * 413 where there is a body (API_MAX_REQUEST_BYTES);
-* 429 where the view is throttled.
+* 429 where the view is throttled;
+* whatever else the view names in ``schema_error_statuses`` (e.g. ``("404",)`` where a body names a project
+  that may not be the caller's), for refusals its code raises that no declaration shows.
+
+Every optional query parameter is documented with ``allowEmptyValue``: the API reads ``?p=`` as ``p`` not
+given (controlplane/core/api/query.py); a free-text path or query parameter, as admitting no NUL.
 
 ``postprocess`` (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) mends what drf-spectacular writes wrongly for
 every operation: a type list that names "null" twice. ``AutoSchema`` also writes a decimal's pattern as the
@@ -28,6 +33,7 @@ from rest_framework import permissions, serializers
 from rest_framework.authentication import SessionAuthentication
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+NO_NUL = "^[^\\u0000]*$"
 
 # Permissions that never refuse an authenticated caller a read; a permission class may say the same of itself
 # with ``refuses_only_writes = True``.
@@ -76,6 +82,17 @@ class AutoSchema(SpectacularAutoSchema):
                     {"description": ERROR_DESCRIPTIONS[code], "content": {"application/json": {"schema": ref}}},
                 )
         operation["responses"] = dict(sorted(responses.items()))
+        for parameter in operation.get("parameters", []):
+            schema = parameter.get("schema", {})
+            if parameter.get("in") == "query" and not parameter.get("required") and schema.get("type") != "array":
+                parameter["allowEmptyValue"] = True
+            if (
+                parameter.get("in") in ("query", "path")
+                and schema.get("type") == "string"
+                and not {"pattern", "format", "enum"} & set(schema)
+            ):
+                # ApiGuardMiddleware refuses a NUL in any path or query parameter (PostgreSQL cannot store one).
+                parameter["schema"] = {**schema, "pattern": NO_NUL}
         return operation
 
     def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> Any:
@@ -115,7 +132,8 @@ class AutoSchema(SpectacularAutoSchema):
             statuses.append("413")
         if self.view.get_throttles():
             statuses.append("429")
-        return statuses
+        statuses += [str(code) for code in getattr(self.view, "schema_error_statuses", ()) if str(code) not in statuses]
+        return sorted(statuses)
 
 
 def _answers_401(authenticator: Any) -> bool:
