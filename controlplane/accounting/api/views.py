@@ -56,6 +56,7 @@ class ProjectReportView(APIView):
     ``/report.csv`` gives the same rows as CSV. Any member (viewers too) may read it."""
 
     renderer_classes = RENDERERS
+    schema_error_statuses = ("404",)  # ?project= naming none of the caller's (controlplane/core/api/schema.py)
 
     @extend_schema(parameters=[ProjectReportQuerySerializer], responses=ReportSerializer)
     def get(self, request: Request, format: str | None = None) -> Response:
@@ -86,7 +87,8 @@ class TimeseriesView(APIView):
     """Per hour or day, for charts: held, used and idle GPU-hours, mean utilization, energy. A project's, or
     (operators, no ``project``) the fleet's."""
 
-    schema_error_statuses = ("403",)  # a tenant asking for the fleet (controlplane/core/api/schema.py)
+    # A tenant asking for the fleet; ?project= naming none of the caller's (controlplane/core/api/schema.py).
+    schema_error_statuses = ("403", "404")
 
     @extend_schema(parameters=[TimeseriesQuerySerializer], responses=TimeseriesPointSerializer(many=True))
     def get(self, request: Request) -> Response:
