@@ -26,7 +26,7 @@ from tests.runsystem_support import RunningSystem
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "10"))
 SEED = os.environ.get("SCHEMATHESIS_SEED", "1")
 TENANT_PASSWORD = "alice-schemathesis-password"
 OPERATOR_PASSWORD = "operator-schemathesis-password"

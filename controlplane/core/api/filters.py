@@ -23,6 +23,8 @@ def _names_a_missing_object(form: forms.Form, name: str, value: Any) -> bool:
     field = form.fields.get(name)
     if not isinstance(field, forms.ModelChoiceField) or isinstance(field, forms.ModelMultipleChoiceField):
         return False
+    if field.queryset is None:
+        return False
     model = field.queryset.model
     model_field = model._meta.get_field(field.to_field_name) if field.to_field_name else model._meta.pk
     try:

@@ -11,8 +11,9 @@ view already documents that status itself:
 * 409 on every authenticated write (the state does not allow it, or another writer won: retry);
 * 413 where there is a body (API_MAX_REQUEST_BYTES);
 * 429 where the view is throttled;
-* whatever else the view names in ``schema_error_statuses`` (e.g. ``("404",)`` where a body names a project
-  that may not be the caller's), for refusals its code raises that no declaration shows.
+* whatever else the view names in ``schema_error_statuses``, for refusals its code raises that no declaration
+  shows: a tuple for all its operations, or a dict by method (``{"POST": ("404",)}`` where a body names a
+  project that may not be the caller's).
 
 Every optional query parameter is documented with ``allowEmptyValue``: the API reads ``?p=`` as ``p`` not
 given (controlplane/core/api/query.py); a free-text path or query parameter, as admitting no NUL.
@@ -132,7 +133,10 @@ class AutoSchema(SpectacularAutoSchema):
             statuses.append("413")
         if self.view.get_throttles():
             statuses.append("429")
-        statuses += [str(code) for code in getattr(self.view, "schema_error_statuses", ()) if str(code) not in statuses]
+        named = getattr(self.view, "schema_error_statuses", ())
+        if isinstance(named, dict):
+            named = named.get(method, ())
+        statuses += [str(code) for code in named if str(code) not in statuses]
         return sorted(statuses)
 
 
