@@ -27,7 +27,7 @@ def _from_json(field: fields.Field) -> bool:
 def _refusing(original: Callable[..., Any], wrong: Callable[[Any], bool], code: str) -> Callable[..., Any]:
     def to_internal_value(self: fields.Field, data: Any) -> Any:
         if wrong(data) and _from_json(self):
-            self.fail(code)
+            self.fail(code, input_type=type(data).__name__)
         return original(self, data)
 
     return to_internal_value
