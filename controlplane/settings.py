@@ -369,6 +369,10 @@ HEALTH_CHECK_TIMEOUT_S = env_float("HEALTH_CHECK_TIMEOUT_S", 2.0, minimum=0.1)
 # The largest request body the API reads (a 413 request_too_large above it); the agent's endpoints keep their
 # own limits (FLEET_HEARTBEAT_MAX_BYTES for the heartbeat).
 API_MAX_REQUEST_BYTES = env_int("API_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+# The longest path and query string under /api/ (bytes, as sent): a longer one is a 414 in the API's error shape
+# (controlplane/core/api/middleware.py). The web server is started with no request-line limit of its own
+# (gunicorn --limit-request-line 0) so that this one, and its JSON answer, is the limit.
+API_MAX_URL_BYTES = env_int("API_MAX_URL_BYTES", 8192, minimum=1024)
 # Django's own ceiling on a body read into memory: never below a limit above, or Django would refuse first.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_REQUEST_BYTES, FLEET_HEARTBEAT_MAX_BYTES)
 CSRF_FAILURE_VIEW = "controlplane.core.api.errors.csrf_failure"

@@ -112,6 +112,12 @@ def test_a_hand_read_query_refuses_repeats_and_reads_empty_as_absent(tenant):
     assert tenant.get(base + "&gpu_model=&whole_servers=").status_code == 200
 
 
+def test_a_url_past_its_limit_is_a_414_in_the_shape(tenant, settings):
+    settings.API_MAX_URL_BYTES = 2048
+    assert error(tenant.get("/api/v1/gpu-models/?x=" + "a" * 2100), 414)["limit_bytes"] == 2048
+    assert tenant.get("/api/v1/gpu-models/?x=" + "a" * 1900).status_code == 200
+
+
 def test_an_unknown_format_is_a_400_naming_it(operator):
     assert "format" in error(operator.get("/api/v1/usage/fleet?format=xml"), 400)["fields"]
 

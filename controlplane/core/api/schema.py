@@ -10,6 +10,7 @@ view already documents that status itself:
 * 404 where the path names an object (it may not exist, or not be the caller's);
 * 409 on every authenticated write (the state does not allow it, or another writer won: retry);
 * 413 where there is a body (API_MAX_REQUEST_BYTES);
+* 414 where there are path or query parameters (API_MAX_URL_BYTES);
 * 429 where the view is throttled;
 * whatever else the view names in ``schema_error_statuses``, for refusals its code raises that no declaration
   shows: a tuple for all its operations, or a dict by method (``{"POST": ("404",)}`` where a body names a
@@ -47,6 +48,7 @@ ERROR_DESCRIPTIONS: dict[str, str] = {
     "404": "No such object among the caller's.",
     "409": "The current state does not allow this, or another writer won (retry).",
     "413": "The request body is too large.",
+    "414": "The path and query string are too long (API_MAX_URL_BYTES).",
     "429": "Too many requests; `error.retry_after_s` says when to retry.",
 }
 
@@ -131,6 +133,8 @@ class AutoSchema(SpectacularAutoSchema):
             statuses.append("409")
         if has_body:
             statuses.append("413")
+        if any(p.get("in") in ("query", "path") for p in parameters):
+            statuses.append("414")
         if self.view.get_throttles():
             statuses.append("429")
         named = getattr(self.view, "schema_error_statuses", ())
