@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.conftest import service_missing
 from tests.runsystem_support import RunningSystem
 
 pytestmark = pytest.mark.slow
@@ -44,7 +45,10 @@ def live_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     if connection.vendor != "sqlite":
         pytest.skip("schemathesis runs against a system of its own on SQLite; it runs in the SQLite leg")
-    pytest.importorskip("schemathesis")
+    try:
+        import schemathesis  # noqa: F401
+    except ImportError:
+        service_missing("schemathesis (pip install -e '.[dev]')")
     system = RunningSystem(
         tmp_path_factory.mktemp("schemathesis-var"),
         extra_env={
