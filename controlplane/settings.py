@@ -179,8 +179,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.core.api.pagination.Pagination",
     "PAGE_SIZE": 50,
-    # django-filter, reading query parameters as the rest of the API does (controlplane/core/api/filters.py).
-    "DEFAULT_FILTER_BACKENDS": ["controlplane.core.api.filters.FilterBackend"],
+    # django-filter, reading query parameters as the rest of the API does (controlplane/core/api/filter_backend.py).
+    "DEFAULT_FILTER_BACKENDS": ["controlplane.core.api.filter_backend.FilterBackend"],
     # Documents every operation's error responses in the one error shape (controlplane/core/api/schema.py).
     "DEFAULT_SCHEMA_CLASS": "controlplane.core.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.core.api.errors.exception_handler",

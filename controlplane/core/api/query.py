@@ -2,7 +2,7 @@
 and a parameter that takes one value is a 400 naming it when given twice (``?offset=1&offset=2``), never the
 last one silently. The schema says the same (``allowEmptyValue`` on every optional query parameter,
 controlplane/core/api/schema.py); django-filter's filters are read so by ``FilterBackend``
-(controlplane/core/api/filters.py), hand-read parameters through ``query_data``.
+(controlplane/core/api/filter_backend.py), hand-read parameters through ``query_data``.
 """
 
 from __future__ import annotations
