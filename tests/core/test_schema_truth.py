@@ -148,6 +148,15 @@ def test_a_form_still_carries_text(operator):
     assert operator.post("/api/v1/sites/", {"name": "formsite", "location": "x"}, format="multipart").status_code == 201
 
 
+def test_a_patch_that_changes_nothing_is_a_200():
+    project = ProjectFactory()
+    owner = member_of(project, role="owner")
+    client = APIClient()
+    client.force_authenticate(owner)
+    response = client.patch(f"/api/v1/projects/{project.pk}/members/{owner.username}/", {}, format="json")
+    assert response.status_code == 200 and response.json()["role"] == "owner"
+
+
 def test_booleans_are_true_or_false(tenant):
     project = ProjectFactory()
     client = APIClient()
