@@ -36,4 +36,5 @@ EXPOSE 8000
 # The application that also serves the admin's and the portal's static files, so no proxy is required;
 # put one in front for TLS.
 CMD ["gunicorn", "controlplane.core.management.localwsgi:application", "--bind", "0.0.0.0:8000", \
-     "--workers", "4", "--threads", "4", "--graceful-timeout", "30", "--access-logfile", "-"]
+     "--workers", "4", "--threads", "4", "--graceful-timeout", "30", "--access-logfile", "-", \
+     "--limit-request-line", "0"]

@@ -179,9 +179,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.core.api.pagination.Pagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # django-filter, reading query parameters as the rest of the API does (controlplane/core/api/filter_backend.py).
+    "DEFAULT_FILTER_BACKENDS": ["controlplane.core.api.filter_backend.FilterBackend"],
+    # Documents every operation's error responses in the one error shape (controlplane/core/api/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "controlplane.core.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.core.api.errors.exception_handler",
+    # An unknown ?format= is a 400 naming it, not DRF's 404 (controlplane/core/api/negotiation.py).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "controlplane.core.api.negotiation.ContentNegotiation",
     # DRF's parsers, refusing NUL and lone surrogates in any string, JSON nested past 32 levels, and numbers
     # out of a float's range, each as a 400 naming the field (controlplane/core/api/parsers.py).
     "DEFAULT_PARSER_CLASSES": [
@@ -213,6 +217,13 @@ SPECTACULAR_SETTINGS = {
     # 3.1: the agent's wire models are documented from pydantic, whose JSON Schema writes an optional value as
     # anyOf [..., {"type": "null"}], which OpenAPI 3.0 does not allow.
     "OAS_VERSION": "3.1.0",
+    # Request bodies are documented as JSON, what the portal, gpucp and the agent send; forms are parsed too
+    # (with the same refusals) but are not described.
+    "PARSER_WHITELIST": ["controlplane.core.api.parsers.JSONParser", "rest_framework.parsers.JSONParser"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.core.api.schema.postprocess",
+    ],
     # Several models have a field named "state"; each choice set gets a name of its own instead of a hash.
     "ENUM_NAME_OVERRIDES": {
         "ReservationStateEnum": "controlplane.reservations.choices.ReservationState",
@@ -359,6 +370,10 @@ HEALTH_CHECK_TIMEOUT_S = env_float("HEALTH_CHECK_TIMEOUT_S", 2.0, minimum=0.1)
 # The largest request body the API reads (a 413 request_too_large above it); the agent's endpoints keep their
 # own limits (FLEET_HEARTBEAT_MAX_BYTES for the heartbeat).
 API_MAX_REQUEST_BYTES = env_int("API_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+# The longest path and query string under /api/ (bytes, as sent): a longer one is a 414 in the API's error shape
+# (controlplane/core/api/middleware.py). The web server is started with no request-line limit of its own
+# (gunicorn --limit-request-line 0) so that this one, and its JSON answer, is the limit.
+API_MAX_URL_BYTES = env_int("API_MAX_URL_BYTES", 8192, minimum=1024)
 # Django's own ceiling on a body read into memory: never below a limit above, or Django would refuse first.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_REQUEST_BYTES, FLEET_HEARTBEAT_MAX_BYTES)
 CSRF_FAILURE_VIEW = "controlplane.core.api.errors.csrf_failure"

@@ -17,7 +17,7 @@ from controlplane.access.models import NAME_MAX, SIZE_LIMIT_MAX_GIB, Dataset, Pr
 from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
-from controlplane.core.api.fields import SlugRelatedField
+from controlplane.core.api.fields import SlugRelatedField, StrictBooleanField
 from controlplane.core.errors import NotFound, PermissionDenied, ValidationFailed
 
 # --- serializers -------------------------------------------------------------------------------------------
@@ -63,14 +63,14 @@ class VolumeCreateSerializer(serializers.Serializer):
         max_length=NAME_MAX, trim_whitespace=False, help_text="Lowercase letters, digits, - and _; unique per project."
     )
     size_limit_gib = serializers.IntegerField(min_value=1, max_value=SIZE_LIMIT_MAX_GIB)
-    shared = serializers.BooleanField(
+    shared = StrictBooleanField(
         default=False, help_text="May be mounted by overlapping reservations at once (they must share it safely)."
     )
 
 
 class VolumeUpdateSerializer(serializers.Serializer):
     size_limit_gib = serializers.IntegerField(min_value=1, max_value=SIZE_LIMIT_MAX_GIB, required=False)
-    shared = serializers.BooleanField(required=False)
+    shared = StrictBooleanField(required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "name" in self.initial_data:

@@ -21,4 +21,6 @@ class ReportCSVRenderer(BaseRenderer):
             return report_csv(data).encode()
         import json
 
+        if renderer_context and renderer_context.get("response") is not None:
+            renderer_context["response"]["Content-Type"] = "application/json"  # what it is: an error in JSON
         return json.dumps(data, default=str).encode()

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.api.fields import AwareDateTimeField
+from controlplane.core.api.query import query_data
 from controlplane.core.errors import NotFound
 from controlplane.fleet.models import GpuTelemetryMinute
 from controlplane.reservations.models import Allocation, Reservation
@@ -195,7 +196,7 @@ class ReservationTelemetryView(APIView):
         "period belong to whoever held the GPU then and are never returned.",
     )
     def get(self, request: Request, id: UUID) -> Response:
-        query = TelemetryQuerySerializer(data=request.query_params)
+        query = TelemetryQuerySerializer(data=query_data(request, TelemetryQuerySerializer))
         query.is_valid(raise_exception=True)
         now = timezone.now()
         result = reservation_telemetry(

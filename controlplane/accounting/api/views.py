@@ -28,13 +28,14 @@ from controlplane.accounting.models import MonthlyStatement, UsageRecord
 from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import is_operator, projects_visible_to
+from controlplane.core.api.query import query_data
 from controlplane.core.errors import PermissionDenied
 
 RENDERERS = [JSONRenderer, ReportCSVRenderer, BrowsableAPIRenderer]
 
 
 def _query(serializer_class: type, request: Request) -> dict[str, Any]:
-    serializer = serializer_class(data=request.query_params)
+    serializer = serializer_class(data=query_data(request, serializer_class))
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data  # type: ignore[no-any-return]
 
@@ -55,6 +56,7 @@ class ProjectReportView(APIView):
     ``/report.csv`` gives the same rows as CSV. Any member (viewers too) may read it."""
 
     renderer_classes = RENDERERS
+    schema_error_statuses = ("404",)  # ?project= naming none of the caller's (controlplane/core/api/schema.py)
 
     @extend_schema(parameters=[ProjectReportQuerySerializer], responses=ReportSerializer)
     def get(self, request: Request, format: str | None = None) -> Response:
@@ -84,6 +86,9 @@ class FleetReportView(APIView):
 class TimeseriesView(APIView):
     """Per hour or day, for charts: held, used and idle GPU-hours, mean utilization, energy. A project's, or
     (operators, no ``project``) the fleet's."""
+
+    # A tenant asking for the fleet; ?project= naming none of the caller's (controlplane/core/api/schema.py).
+    schema_error_statuses = ("403", "404")
 
     @extend_schema(parameters=[TimeseriesQuerySerializer], responses=TimeseriesPointSerializer(many=True))
     def get(self, request: Request) -> Response:

@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from controlplane.accounts.choices import Role
 from controlplane.accounts.models import ApiToken, Membership, Project
-from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField
+from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField, StrictBooleanField
 
 User = get_user_model()
 # A project's description: free text, shown in the portal.
@@ -25,7 +25,7 @@ class ProjectCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120)
     slug = serializers.SlugField(max_length=80, required=False, allow_blank=True, default="")
     description = serializers.CharField(max_length=DESCRIPTION_MAX, required=False, allow_blank=True, default="")
-    requeue_on_interrupt = serializers.BooleanField(required=False, default=False)
+    requeue_on_interrupt = StrictBooleanField(required=False, default=False)
     owner = SlugRelatedField(
         slug_field="username", queryset=User.objects.all(), help_text="Username of the project's first owner."
     )
@@ -34,7 +34,7 @@ class ProjectCreateSerializer(serializers.Serializer):
 class ProjectUpdateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120, required=False)
     description = serializers.CharField(max_length=DESCRIPTION_MAX, required=False, allow_blank=True)
-    requeue_on_interrupt = serializers.BooleanField(required=False)
+    requeue_on_interrupt = StrictBooleanField(required=False)
 
 
 class MembershipSerializer(serializers.ModelSerializer):

@@ -81,6 +81,7 @@ STATUS_ERRORS: dict[int, tuple[str, str]] = {
     404: ("not_found", "Not found."),
     405: ("method_not_allowed", "This method is not allowed here."),
     413: ("request_too_large", "The request is too large."),
+    414: ("uri_too_long", "The path and query string are too long."),
     500: ("server_error", "The server failed to answer; the failure is logged. Retry later."),
 }
 

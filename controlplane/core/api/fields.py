@@ -78,3 +78,23 @@ class AwareDateTimeField(serializers.DateTimeField):
         elif isinstance(value, datetime) and timezone.is_naive(value):
             self.fail("naive")
         return super().to_internal_value(value)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, as the schema says: DRF's BooleanField also takes 0, 1, "yes", "on" from JSON. A form
+    (whose every value is text) may still say "true" or "false"."""
+
+    default_error_messages = {"invalid": "Must be true or false."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if isinstance(data, bool):
+            return data
+        if isinstance(data, str) and data in ("true", "false") and not _is_json(self):
+            return data == "true"
+        self.fail("invalid")
+
+
+def _is_json(field: serializers.Field) -> bool:
+    from django.http import QueryDict
+
+    return not isinstance(getattr(field.root, "initial_data", None), QueryDict)

@@ -2,6 +2,7 @@
 
 Before anything reads the request (the idempotency middleware hashes the body, a view parses it):
 
+- a path and query string longer than ``API_MAX_URL_BYTES`` is a 414 ``uri_too_long``.
 - a body declared larger than ``API_MAX_REQUEST_BYTES`` is a 413 ``request_too_large``, unread. The agent's
   endpoints (/api/v1/agent/) keep their own limits (``FLEET_HEARTBEAT_MAX_BYTES`` for the heartbeat), which
   their views enforce. Without a Content-Length, WSGI gives a view no body at all, so the declared length is
@@ -69,6 +70,20 @@ def _untyped_body(request: HttpRequest) -> HttpResponse | None:
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
+    url_limit = int(settings.API_MAX_URL_BYTES)
+    url_bytes = len(request.META.get("PATH_INFO", "").encode("utf-8", "surrogateescape")) + len(
+        request.META.get("QUERY_STRING", "")
+    )
+    if url_bytes > url_limit:
+        return error_response(
+            error_body(
+                "uri_too_long",
+                f"The path and query string may be at most {url_limit} bytes (API_MAX_URL_BYTES).",
+                {"path": [f"Longer than {url_limit} bytes."]},
+                {"limit_bytes": url_limit},
+            ),
+            414,
+        )
     limit = int(settings.API_MAX_REQUEST_BYTES)
     if declared_length(request) > limit and not request.path_info.startswith(AGENT_PREFIX):
         return error_response(too_large_body(limit), 413)

@@ -8,7 +8,9 @@ from controlplane.fleet.models import JoinToken
 class JoinTokenSerializer(serializers.ModelSerializer):
     status = serializers.SerializerMethodField()
     created_by: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    server: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="hostname", read_only=True)
+    server: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="hostname", allow_null=True, read_only=True
+    )
 
     class Meta:
         model = JoinToken

@@ -14,6 +14,7 @@ class IsOperatorOrReadOnly(permissions.BasePermission):
     """Any signed-in user reads (tenants need the catalog and availability); operators write."""
 
     message = "Only operators may change the inventory."
+    refuses_only_writes = True  # the schema documents a 403 on its writes only (controlplane/core/api/schema.py)
 
     def has_permission(self, request: Any, view: Any) -> bool:
         if not (request.user and request.user.is_authenticated):

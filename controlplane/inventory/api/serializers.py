@@ -128,7 +128,9 @@ class DrainPreviewSerializer(serializers.Serializer):
 
 class ServerSerializer(serializers.ModelSerializer):
     site = serializers.SerializerMethodField()
-    rack: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    rack: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name", allow_null=True, read_only=True
+    )
     gpus = ServerGpuSerializer(many=True, read_only=True)
 
     class Meta:
@@ -143,6 +145,8 @@ class ServerSerializer(serializers.ModelSerializer):
 class OperatorServerSerializer(ServerSerializer):
     gpus = OperatorServerGpuSerializer(many=True, read_only=True)  # type: ignore[assignment]
     credential = serializers.SerializerMethodField()
+    # "" while the server is not offline.
+    state_before_offline = serializers.ChoiceField(choices=ServerState.choices, allow_blank=True, read_only=True)
 
     class Meta(ServerSerializer.Meta):
         fields = [
@@ -160,8 +164,7 @@ class OperatorServerSerializer(ServerSerializer):
 
     @extend_schema_field(
         {
-            "type": "object",
-            "nullable": True,
+            "type": ["object", "null"],
             "properties": {"lookup": {"type": "string"}, "created_at": {"type": "string", "format": "date-time"}},
         }
     )
@@ -176,7 +179,7 @@ class OperatorServerSerializer(ServerSerializer):
 
 
 class ServerEventSerializer(serializers.ModelSerializer):
-    gpu: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="uuid", read_only=True)
+    gpu: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="uuid", allow_null=True, read_only=True)
 
     class Meta:
         model = ServerEvent

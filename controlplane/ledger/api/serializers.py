@@ -13,7 +13,7 @@ from controlplane.reservations.models import Reservation
 
 class LedgerEntrySerializer(serializers.ModelSerializer):
     project: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    reservation = serializers.UUIDField(source="reservation.public_id", default=None, read_only=True)
+    reservation = serializers.UUIDField(source="reservation.public_id", default=None, allow_null=True, read_only=True)
 
     class Meta:
         model = LedgerEntry
@@ -47,7 +47,7 @@ class BalanceSerializer(serializers.Serializer):
 
 class QuotaPolicySerializer(serializers.ModelSerializer):
     project: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    updated_by = serializers.CharField(source="updated_by.username", default=None, read_only=True)
+    updated_by = serializers.CharField(source="updated_by.username", default=None, allow_null=True, read_only=True)
 
     class Meta:
         model = QuotaPolicy

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.selectors import projects_visible_to
 from controlplane.core.api.fields import AwareDateTimeField
+from controlplane.core.api.query import query_data
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
 from controlplane.reservations.api.fields import GpuModelField, StartField
@@ -121,7 +122,7 @@ class FreeView(APIView):
         ),
     )
     def get(self, request: Request) -> Response:
-        query = FreeQuerySerializer(data=request.query_params)
+        query = FreeQuerySerializer(data=query_data(request, FreeQuerySerializer))
         query.is_valid(raise_exception=True)
         data = query.validated_data
         spec, window = spec_from(data), Window(data["start"], data["end"])
@@ -162,7 +163,7 @@ class EarliestView(APIView):
         ),
     )
     def get(self, request: Request) -> Response:
-        query = EarliestQuerySerializer(data=request.query_params)
+        query = EarliestQuerySerializer(data=query_data(request, EarliestQuerySerializer))
         query.is_valid(raise_exception=True)
         data = query.validated_data
         found = earliest_window(
@@ -193,7 +194,7 @@ class TimelineView(APIView):
         ),
     )
     def get(self, request: Request) -> Response:
-        query = TimelineQuerySerializer(data=request.query_params)
+        query = TimelineQuerySerializer(data=query_data(request, TimelineQuerySerializer))
         query.is_valid(raise_exception=True)
         data = query.validated_data
         gpus = Gpu.objects.filter(present=True).exclude(server__state=ServerState.RETIRED)

@@ -18,7 +18,14 @@ from controlplane.inventory.models import GpuModel
 START_MAX = 64
 
 
-@extend_schema_field({"type": "string", "maxLength": START_MAX})
+@extend_schema_field(
+    {
+        "type": "string",
+        "maxLength": START_MAX,
+        "anyOf": [{"format": "date-time"}, {"pattern": r"^\s*[Nn][Oo][Ww]\s*$"}],
+        "description": 'ISO 8601 with a time zone, or "now".',
+    }
+)
 class StartField(AwareDateTimeField):
     """An ISO 8601 date-time with its time zone, or the word ``now``."""
 

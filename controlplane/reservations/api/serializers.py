@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.accounts.models import Project
-from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField
+from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField, StrictBooleanField
 from controlplane.reservations import hooks
 from controlplane.reservations.api.fields import (
     ENV_NAME,
@@ -136,7 +136,7 @@ class MountSerializer(serializers.Serializer):
         help_text="Where it appears in the container; default /workspace for a volume, /datasets/<name> for a dataset.",
     )
     # The metaclass takes declared fields off the class, so this does not shadow Field.read_only.
-    read_only = serializers.BooleanField(  # type: ignore[assignment]
+    read_only = StrictBooleanField(  # type: ignore[assignment]
         required=False, help_text="A volume's; a dataset is always read-only."
     )
 

@@ -38,6 +38,7 @@ def _require_booking_role(user: Any, project_id: int) -> None:
 
 
 class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    schema_error_statuses = {"POST": ("404",)}  # a body naming a project not the caller's (core/api/schema.py)
     """Reservations of the projects you belong to. Another project's reservation is 404."""
 
     serializer_class = ReservationSerializer

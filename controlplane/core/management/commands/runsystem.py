@@ -272,7 +272,9 @@ class Command(BaseCommand):
         if settings.DEBUG:
             return [sys.executable, "manage.py", "runserver", "--noreload", bind]
         argv = [sys.executable, "-m", "gunicorn", "controlplane.core.management.localwsgi:application",
-                "--bind", bind, "--workers", "2", "--threads", "4", "--graceful-timeout", "5"]  # fmt: skip
+                "--bind", bind, "--workers", "2", "--threads", "4", "--graceful-timeout", "5",
+                # No request-line limit of gunicorn's (its 414 is HTML): API_MAX_URL_BYTES answers in JSON.
+                "--limit-request-line", "0"]  # fmt: skip
         from gunicorn.config import KNOWN_SETTINGS
 
         # Newer gunicorn opens a control socket at one fixed path in $HOME, which two checkouts would share.

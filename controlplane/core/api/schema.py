@@ -1,0 +1,182 @@
+"""The OpenAPI schema tells the truth about errors: every operation documents the refusals it can give, each in
+the API's one error shape (controlplane/core/api/errors.py).
+
+``AutoSchema`` (settings.REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]) adds to each operation's responses, unless the
+view already documents that status itself:
+
+* 400 where the request carries anything to validate: a body or query parameters;
+* 401 where the view authenticates with a scheme that answers 401 (a bearer token; a session alone answers 403);
+* 403 where a permission may refuse the caller, and on every write a session can make (CSRF);
+* 404 where the path names an object (it may not exist, or not be the caller's);
+* 409 on every authenticated write (the state does not allow it, or another writer won: retry);
+* 413 where there is a body (API_MAX_REQUEST_BYTES);
+* 414 where there are path or query parameters (API_MAX_URL_BYTES);
+* 429 where the view is throttled;
+* whatever else the view names in ``schema_error_statuses``, for refusals its code raises that no declaration
+  shows: a tuple for all its operations, or a dict by method (``{"POST": ("404",)}`` where a body names a
+  project that may not be the caller's).
+
+Every optional query parameter is documented with ``allowEmptyValue``: the API reads ``?p=`` as ``p`` not
+given (controlplane/core/api/query.py); a free-text path or query parameter, as admitting no NUL.
+
+``postprocess`` (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) mends what drf-spectacular writes wrongly for
+every operation: a type list that names "null" twice. ``AutoSchema`` also writes a decimal's pattern as the
+field parses it (drf-spectacular's admits "" and a sign below the field's minimum).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from drf_spectacular.utils import inline_serializer
+from rest_framework import permissions, serializers
+from rest_framework.authentication import SessionAuthentication
+
+UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+NO_NUL = "^[^\\u0000]*$"
+
+# Permissions that never refuse an authenticated caller a read; a permission class may say the same of itself
+# with ``refuses_only_writes = True``.
+_READ_OPEN_PERMISSIONS = (permissions.AllowAny, permissions.IsAuthenticated, permissions.IsAuthenticatedOrReadOnly)
+
+ERROR_DESCRIPTIONS: dict[str, str] = {
+    "400": "The request is not valid; `error.fields` names what was wrong.",
+    "401": "Authentication credentials were not provided or are not valid.",
+    "403": "The caller may not do this (a role, an operator-only endpoint, or a failed CSRF check).",
+    "404": "No such object among the caller's.",
+    "409": "The current state does not allow this, or another writer won (retry).",
+    "413": "The request body is too large.",
+    "414": "The path and query string are too long (API_MAX_URL_BYTES).",
+    "429": "Too many requests; `error.retry_after_s` says when to retry.",
+}
+
+ErrorSerializer = inline_serializer(
+    name="Error",
+    fields={
+        "error": inline_serializer(
+            name="ErrorDetail",
+            fields={
+                "code": serializers.CharField(help_text="Stable, for automation: validation_error, not_found, ..."),
+                "message": serializers.CharField(help_text="A sentence a person understands."),
+                "fields": serializers.DictField(
+                    child=serializers.ListField(child=serializers.CharField()),
+                    help_text="Dotted field paths and their messages.",
+                ),
+            },
+        )
+    },
+)
+
+
+class AutoSchema(SpectacularAutoSchema):
+    def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        operation = super().get_operation(*args, **kwargs)
+        if operation is None:
+            return None
+        responses = operation.setdefault("responses", {})
+        statuses = self.error_statuses(operation)
+        if statuses:
+            ref = self.resolve_serializer(ErrorSerializer, "response").ref
+            for code in statuses:
+                responses.setdefault(
+                    code,
+                    {"description": ERROR_DESCRIPTIONS[code], "content": {"application/json": {"schema": ref}}},
+                )
+        operation["responses"] = dict(sorted(responses.items()))
+        for parameter in operation.get("parameters", []):
+            schema = parameter.get("schema", {})
+            if parameter.get("in") == "query" and not parameter.get("required") and schema.get("type") != "array":
+                parameter["allowEmptyValue"] = True
+            if (
+                parameter.get("in") in ("query", "path")
+                and schema.get("type") == "string"
+                and not {"pattern", "format", "enum"} & set(schema)
+            ):
+                # ApiGuardMiddleware refuses a NUL in any path or query parameter (PostgreSQL cannot store one).
+                parameter["schema"] = {**schema, "pattern": NO_NUL}
+        return operation
+
+    def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> Any:
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if (
+            isinstance(field, serializers.DecimalField)
+            and isinstance(schema, dict)
+            and schema.get("format") == "decimal"
+            and "pattern" in schema
+        ):
+            schema["pattern"] = decimal_pattern(field)
+        return schema
+
+    def error_statuses(self, operation: dict[str, Any]) -> list[str]:
+        method = self.method.upper()
+        parameters = operation.get("parameters", [])
+        has_body = "requestBody" in operation
+        authenticators = self.view.get_authenticators()
+        perms = self.view.get_permissions()
+        open_to_anyone = all(isinstance(p, permissions.AllowAny) for p in perms)
+        statuses: list[str] = []
+        if has_body or any(p.get("in") in ("query", "header") for p in parameters):
+            statuses.append("400")
+        if authenticators and _answers_401(authenticators[0]):
+            statuses.append("401")
+        session = any(isinstance(a, SessionAuthentication) for a in authenticators)
+        may_refuse = any(
+            not isinstance(p, _READ_OPEN_PERMISSIONS) and not getattr(p, "refuses_only_writes", False) for p in perms
+        )
+        if may_refuse or (method in UNSAFE_METHODS and (session or not open_to_anyone)):
+            statuses.append("403")
+        if any(p.get("in") == "path" for p in parameters):
+            statuses.append("404")
+        if method in UNSAFE_METHODS and not open_to_anyone:
+            statuses.append("409")
+        if has_body:
+            statuses.append("413")
+        if any(p.get("in") in ("query", "path") for p in parameters):
+            statuses.append("414")
+        if self.view.get_throttles():
+            statuses.append("429")
+        named = getattr(self.view, "schema_error_statuses", ())
+        if isinstance(named, dict):
+            named = named.get(method, ())
+        statuses += [str(code) for code in named if str(code) not in statuses]
+        return sorted(statuses)
+
+
+def _answers_401(authenticator: Any) -> bool:
+    try:
+        return bool(authenticator.authenticate_header(None))
+    except Exception:
+        return False
+
+
+def decimal_pattern(field: serializers.DecimalField) -> str:
+    """What the field parses: drf-spectacular's ^-?\\d{0,N}(?:\\.\\d{0,M})?$ admits "", "-" and "." (no digit at
+    all) and a sign where the field's minimum forbids one."""
+    sign = "" if field.min_value is not None and field.min_value >= 0 else "-?"
+    whole = max(int(field.max_whole_digits or 0), 1)
+    places = int(field.decimal_places or 0)
+    # A minimum of one step above zero (0.0001 with 4 places): any value but zero, so some digit is not 0.
+    step = Decimal(1).scaleb(-places)
+    nonzero = "(?=.*[1-9])" if field.min_value is not None and 0 < field.min_value <= step else ""
+    if places == 0:
+        return rf"^{nonzero}{sign}\d{{1,{whole}}}$"
+    return rf"^{nonzero}{sign}(?:\d{{1,{whole}}}(?:\.\d{{0,{places}}})?|\.\d{{1,{places}}})$"
+
+
+def _mend(node: Any) -> None:
+    if isinstance(node, dict):
+        types = node.get("type")
+        if isinstance(types, list) and len(set(types)) != len(types):
+            node["type"] = list(dict.fromkeys(types))
+        for value in node.values():
+            _mend(value)
+    elif isinstance(node, list):
+        for item in node:
+            _mend(item)
+
+
+def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    _mend(result)
+    return result

@@ -1,0 +1,168 @@
+"""The general rules that make the schema true (issue 12), each on one endpoint: error responses documented in
+the one error shape, strict paging, query parameters read one way, filters naming a missing object, an unknown
+format, JSON read at the documented types. tests/test_schemathesis.py checks them all against a live system."""
+
+from __future__ import annotations
+
+import pytest
+from drf_spectacular.generators import SchemaGenerator
+from rest_framework.test import APIClient
+
+from controlplane.inventory.models import Rack, Site
+from tests.factories import OperatorFactory, ProjectFactory, UserFactory, member_of
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return SchemaGenerator().get_schema(request=None, public=True)
+
+
+@pytest.fixture
+def tenant() -> APIClient:
+    client = APIClient()
+    client.force_authenticate(UserFactory())
+    return client
+
+
+@pytest.fixture
+def operator() -> APIClient:
+    client = APIClient()
+    client.force_authenticate(OperatorFactory())
+    return client
+
+
+def error(response, status: int) -> dict:
+    assert response.status_code == status, response.content
+    return response.json()["error"]
+
+
+def test_every_operation_documents_its_errors_in_the_one_shape(schema):
+    error_ref = "#/components/schemas/Error"
+    ops = schema["paths"]
+    servers = ops["/api/v1/servers/{id}/"]["get"]["responses"]
+    assert {"200", "401", "404", "429"} <= set(servers)
+    assert servers["404"]["content"]["application/json"]["schema"]["$ref"] == error_ref
+    assert {"400", "401", "403", "404", "409", "413", "429"} <= set(ops["/api/v1/sites/{id}/"]["put"]["responses"])
+    # A read any signed-in user may make is never a 403; a list with no path parameter never a 404.
+    assert not {"403", "404"} & set(ops["/api/v1/gpu-models/"]["get"]["responses"])
+    # Login takes no token (no 401) but checks CSRF (403).
+    login = set(ops["/api/v1/auth/login/"]["post"]["responses"])
+    assert "401" not in login and "403" in login
+    assert set(schema["components"]["schemas"]["ErrorDetail"]["required"]) == {"code", "message", "fields"}
+
+
+def test_nullable_fields_are_declared_nullable(schema):
+    components = schema["components"]["schemas"]
+    assert "null" in components["LedgerEntry"]["properties"]["reservation"]["type"]
+    assert "null" in components["QuotaPolicy"]["properties"]["updated_by"]["type"]
+    assert "null" in components["OperatorServer"]["properties"]["rack"]["type"]
+    assert "null" in components["JoinToken"]["properties"]["server"]["type"]
+    assert "null" in components["ServerEvent"]["properties"]["gpu"]["type"]
+    refs = [s["$ref"] for s in components["OperatorServer"]["properties"]["state_before_offline"]["oneOf"]]
+    assert "#/components/schemas/BlankEnum" in refs
+
+
+def test_a_decimal_pattern_needs_a_digit(schema):
+    import re
+
+    pattern = re.compile(schema["components"]["schemas"]["GrantRequest"]["properties"]["amount"]["pattern"])
+    assert pattern.search("12.5") and pattern.search(".5")
+    assert not any(pattern.search(v) for v in ["", "-", ".", "-1", "0", "0.0000"])
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("offset=null", "offset"),
+        ("limit=0", "limit"),
+        ("limit=501", "limit"),
+        ("offset=-1", "offset"),
+        ("offset=1&offset=2", "offset"),
+        ("offset=" + "9" * 50, "offset"),
+    ],
+)
+def test_paging_is_strict(tenant, query, field):
+    assert field in error(tenant.get(f"/api/v1/gpu-models/?{query}"), 400)["fields"]
+
+
+def test_empty_paging_is_the_default(tenant):
+    assert tenant.get("/api/v1/gpu-models/?limit=&offset=").status_code == 200
+
+
+def test_a_one_value_filter_given_twice_is_a_400_and_empty_is_not_given(operator):
+    assert "rack" in error(operator.get("/api/v1/servers/?rack=1&rack=2"), 400)["fields"]
+    assert operator.get("/api/v1/servers/?state=ready&state=draining").status_code == 200  # a list filter
+    assert operator.get("/api/v1/servers/?rack=").status_code == 200
+    assert "simulated" in error(operator.get("/api/v1/servers/?simulated=-5"), 400)["fields"]
+
+
+def test_a_filter_naming_a_missing_object_finds_nothing(operator):
+    site = Site.objects.create(name="s1")
+    Rack.objects.create(site=site, name="r1")
+    assert operator.get(f"/api/v1/racks/?site={site.pk}").json()["count"] == 1
+    assert operator.get(f"/api/v1/racks/?site={site.pk + 100}").json()["count"] == 0
+    assert "site" in error(operator.get("/api/v1/racks/?site=x"), 400)["fields"]
+
+
+def test_a_hand_read_query_refuses_repeats_and_reads_empty_as_absent(tenant):
+    base = "/api/v1/availability/earliest/?duration_hours=1&gpu_count=1&min_memory_mib=1"
+    assert "gpu_count" in error(tenant.get(base + "&gpu_count=2"), 400)["fields"]
+    assert tenant.get(base + "&gpu_model=&whole_servers=").status_code == 200
+
+
+def test_a_url_past_its_limit_is_a_414_in_the_shape(tenant, settings):
+    settings.API_MAX_URL_BYTES = 2048
+    assert error(tenant.get("/api/v1/gpu-models/?x=" + "a" * 2100), 414)["limit_bytes"] == 2048
+    assert tenant.get("/api/v1/gpu-models/?x=" + "a" * 1900).status_code == 200
+
+
+def test_an_unknown_format_is_a_400_naming_it(operator):
+    assert "format" in error(operator.get("/api/v1/usage/fleet?format=xml"), 400)["fields"]
+
+
+def test_a_csv_endpoints_error_is_json(tenant):
+    response = tenant.get("/api/v1/usage/fleet?format=csv")
+    assert response.status_code == 403
+    assert response["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/v1/sites/", {"name": 0}, "name"),
+        ("/api/v1/sites/", {"name": "s", "location": 0}, "location"),
+        (
+            "/api/v1/gpu-models/",
+            {"name": "X", "product_name": "X", "memory_mib": 1, "billing_weight": 1},
+            "billing_weight",
+        ),
+    ],
+)
+def test_json_is_read_at_the_documented_types(operator, path, body, field):
+    assert field in error(operator.post(path, body, format="json"), 400)["fields"]
+
+
+def test_a_form_still_carries_text(operator):
+    assert operator.post("/api/v1/sites/", {"name": "formsite", "location": "x"}, format="multipart").status_code == 201
+
+
+def test_a_patch_that_changes_nothing_is_a_200():
+    project = ProjectFactory()
+    owner = member_of(project, role="owner")
+    client = APIClient()
+    client.force_authenticate(owner)
+    response = client.patch(f"/api/v1/projects/{project.pk}/members/{owner.username}/", {}, format="json")
+    assert response.status_code == 200 and response.json()["role"] == "owner"
+
+
+def test_booleans_are_true_or_false(tenant):
+    project = ProjectFactory()
+    client = APIClient()
+    client.force_authenticate(member_of(project, role="owner"))
+    path = f"/api/v1/projects/{project.pk}/"
+    assert (
+        "requeue_on_interrupt" in error(client.patch(path, {"requeue_on_interrupt": 0}, format="json"), 400)["fields"]
+    )
+    assert client.patch(path, {"requeue_on_interrupt": True}, format="json").status_code == 200
