@@ -1,8 +1,9 @@
 """What a reservation costs: its rate, what it has used so far, and what the ledger charged once it ended.
 
 One rule for every figure: a GPU costs its model's billing weight in credits per hour it is held, from its
-allocation's start to its end, its release or now, whichever comes first (the same rule the ledger settles
-with when nothing was measured, ``services._used_credits``).
+allocation's start to its end, its release or now, whichever comes first. ``held_seconds`` and
+``held_credits`` are that rule; the ledger settles with them too when nothing was measured
+(``services._used_credits``), so what a running reservation shows is what it will be charged.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ def with_charges(qs: Any) -> Any:
     return qs.annotate(**{CHARGED: Coalesce(Subquery(charged, output_field=field), Decimal(0), output_field=field)})
 
 
+def gpu_hours(seconds: float) -> Decimal:
+    """Seconds as hours, to the precision the ledger computes credits at."""
+    return (Decimal(str(seconds)) / SECONDS_PER_HOUR).quantize(Decimal("0.000001"))
+
+
+def held_seconds(allocation: Any, *, until: datetime) -> float:
+    """How long an allocation's GPU has been held by ``until``: from its start to its end, its release or
+    ``until``, whichever comes first (0 before its start)."""
+    end = min(allocation.ends_at, allocation.released_at or allocation.ends_at, until)
+    return max(0.0, (end - allocation.starts_at).total_seconds())
+
+
+def held_credits(allocation: Any, *, until: datetime) -> Decimal:
+    """What holding the allocation's GPU has cost by ``until``: its model's billing weight per hour held."""
+    return Decimal(allocation.gpu.model.billing_weight) * gpu_hours(held_seconds(allocation, until=until))
+
+
 def _charged(reservation: Reservation) -> Decimal:
     if hasattr(reservation, CHARGED):
         total = getattr(reservation, CHARGED)
@@ -67,12 +85,11 @@ def cost_for(reservation: Reservation, *, now: datetime | None = None) -> dict[s
     for a in reservation.allocations.all():
         weight = a.gpu.model.billing_weight
         rate += weight
-        end = min(a.ends_at, a.released_at or a.ends_at, now)
-        seconds = max(0.0, (end - a.starts_at).total_seconds())
+        seconds = held_seconds(a, until=now)
         gpu_seconds += seconds
         longest = max(longest, seconds)
-        used += weight * Decimal(str(seconds)) / SECONDS_PER_HOUR
-        booked += weight * Decimal(str((a.ends_at - a.starts_at).total_seconds())) / SECONDS_PER_HOUR
+        used += held_credits(a, until=now)
+        booked += weight * gpu_hours((a.ends_at - a.starts_at).total_seconds())
     final = reservation.state in FINAL_STATES
     return {
         "credits_per_hour": _fmt(rate),

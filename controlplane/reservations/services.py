@@ -35,7 +35,7 @@ from controlplane.ledger.services import (
     ledger_settle,
     lock_project,
 )
-from controlplane.reservations import capacity, hooks
+from controlplane.reservations import capacity, costs, hooks
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
@@ -44,11 +44,10 @@ from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 # How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
 PLACEMENT_ATTEMPTS = 3
-SECONDS_PER_HOUR = Decimal(3600)
 
 
 def _hours(seconds: float) -> Decimal:
-    return (Decimal(str(seconds)) / SECONDS_PER_HOUR).quantize(Decimal("0.000001"))
+    return costs.gpu_hours(seconds)
 
 
 def _user(actor: Any) -> Any:
@@ -620,9 +619,8 @@ def _used_credits(
         # Nothing measured: charge the booked time up to the end, which is what the project held.
         total, detail = Decimal(0), {}
         for a in allocations:
-            seconds = max(0.0, (min(ended_at, a.ends_at) - a.starts_at).total_seconds())
-            total += a.gpu.model.billing_weight * _hours(seconds)
-            detail[a.gpu.uuid] = seconds
+            total += costs.held_credits(a, until=ended_at)
+            detail[a.gpu.uuid] = costs.held_seconds(a, until=ended_at)
         return total, {"gpu_seconds": detail, "measured": False}
     weights: dict[int | str, Decimal] = {}
     for a in allocations:

@@ -173,3 +173,19 @@ def test_the_history_filters_by_state_project_and_period(api_client, team):  # t
     assert ids(ends_after=day_before, ends_before=(then + timedelta(days=1)).isoformat()) == {str(old.public_id)}
     bad = api_client.get(URL, {"ends_before": "yesterday"})
     assert bad.status_code == 400 and "ends_before" in bad.data["error"]["fields"]
+
+
+def test_what_a_running_reservation_shows_is_what_the_ledger_charges_when_nothing_was_measured(team):  # type: ignore[no-untyped-def]
+    """One rule (costs.held_credits) for the figure shown while it runs and for the unmeasured charge."""
+    from controlplane.reservations import costs
+
+    then = timezone.now() - timedelta(hours=1)
+    r = _book(team, start_in=timedelta(0), hours=2, now=then)
+    Reservation.objects.filter(pk=r.pk).update(state=ReservationState.RUNNING)
+    ended = then + timedelta(minutes=7, seconds=13)  # an odd length, so any rounding apart would show
+    shown = costs.cost_for(Reservation.objects.get(pk=r.pk), now=ended)["credits_so_far"]
+    assert services.reservation_finish(
+        reservation=r, to=ReservationState.COMPLETED, ended_at=ended, actor_label="system:test", reason="done"
+    )
+    charge = LedgerEntry.objects.get(reservation=r, kind=EntryKind.CHARGE)
+    assert Decimal(shown) == -charge.amount
