@@ -62,6 +62,21 @@ const axeResults = {};
  * (ARTIFACTS_DIR/axe-<script>.json), so the counts per page can be compared across runs.
  */
 export async function axeCheck(page, name) {
+  // Colours are judged as they end up: a dialog fading in is, for its first 200 ms, its colours blended with the
+  // page behind (axe would measure those). Wait for running CSS transitions and animations to finish (bounded).
+  await page.evaluate(async () => {
+    // A transition starts a frame or two after its element mounts.
+    await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    await Promise.race([
+      Promise.all(
+        document
+          .getAnimations()
+          .filter((a) => a.effect?.getTiming().iterations !== Infinity) // a spinner never finishes
+          .map((a) => a.finished.catch(() => undefined)),
+      ),
+      new Promise((resolve) => setTimeout(resolve, 2000)),
+    ]);
+  });
   if (!(await page.evaluate(() => typeof window.axe !== "undefined"))) await page.addScriptTag({ path: AXE_SOURCE });
   const result = await page.evaluate(async () => {
     const r = await window.axe.run(document, { resultTypes: ["violations"] });

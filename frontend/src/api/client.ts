@@ -175,6 +175,21 @@ export const api = {
   ensureCsrf: () => browserClient.ensureCsrf(),
 };
 
+/** The largest page the API serves (`limit`, core/api/pagination.py); asking for more is a 400. */
+export const MAX_PAGE = 500;
+
+/** Every item of a paged list, page after page (`limit` = MAX_PAGE): for lists a page shows whole, such as the
+ * fleet's servers. Stops at `max` items, so a very large fleet costs a bounded number of requests. */
+export async function getAll<T>(path: string, query: Query = {}, max = 20 * MAX_PAGE): Promise<T[]> {
+  const items: T[] = [];
+  for (let offset = 0; items.length < max; offset += MAX_PAGE) {
+    const page = await api.get<{ results: T[]; next: string | null }>(path, { ...query, limit: MAX_PAGE, offset });
+    items.push(...page.results);
+    if (!page.next || page.results.length === 0) break;
+  }
+  return items;
+}
+
 /** Endpoints still being built answer 404 at their route; the portal shows "not available yet" then. */
 export function isMissingEndpoint(err: unknown): boolean {
   return err instanceof ApiError && (err.status === 404 || err.status === 405);

@@ -1,6 +1,6 @@
 import { useQuery } from "@tanstack/react-query";
 
-import { api, isClientError, type Query } from "./client";
+import { api, getAll, isClientError, type Query } from "./client";
 import type { Balance, GpuModel, Me, Page, QuotaPolicy, Reservation, Server, Session } from "./types";
 
 /** The signed-in user, or null when signed out. Asked of auth/session/, which answers 200 either way: a signed-out
@@ -53,7 +53,7 @@ export function useGpuModels() {
 export function useServers(refetchMs?: number) {
   return useQuery({
     queryKey: ["servers"],
-    queryFn: async () => (await api.get<Page<Server>>("servers/", { limit: 1000 })).results,
+    queryFn: () => getAll<Server>("servers/"),
     refetchInterval: refetchMs,
   });
 }
