@@ -291,7 +291,7 @@ run(
       await ackDialog.waitFor({ state: "hidden" });
       await health.getByText("needs acknowledgement").waitFor({ state: "detached" });
       expect(!(await health.innerText()).includes("XID 79"), "the XID is cleared; the temperature stays");
-      const server = (await opApi.call("GET", `servers/?limit=1000`)).results.find((s) => s.hostname === FAULTY);
+      const server = (await opApi.call("GET", `servers/?limit=500`)).results.find((s) => s.hostname === FAULTY);
       const events = (await opApi.call("GET", `servers/${server.id}/events/`)).results;
       const ack = events.find((e) => e.kind === "gpu_acknowledged");
       expect(ack && ack.reason === "e2e: reseated the GPU" && ack.actor_label === operator.user, `acknowledged by the operator with the reason: ${JSON.stringify(ack)}`);
@@ -492,10 +492,10 @@ run(
       }
       for (const id of booked) await endReservation(tenantApi, id).catch((e) => console.log(`e2e | cleanup ${id}: ${e}`));
       if (drained) {
-        const s = (await opApi.call("GET", `servers/?limit=1000`)).results.find((x) => x.hostname === drained);
+        const s = (await opApi.call("GET", `servers/?limit=500`)).results.find((x) => x.hostname === drained);
         if (s && s.state === "draining") await opApi.call("POST", `servers/${s.id}/state/`, { state: "ready", reason: "e2e: cleanup" }).catch(() => {});
       }
-      const faulty = (await opApi.call("GET", `servers/?limit=1000`).catch(() => ({ results: [] }))).results.find((s) => s.hostname === FAULTY);
+      const faulty = (await opApi.call("GET", `servers/?limit=500`).catch(() => ({ results: [] }))).results.find((s) => s.hostname === FAULTY);
       if (faulty && faulty.state !== "retired") {
         await opApi.call("POST", `servers/${faulty.id}/state/`, { state: "retired", reason: "e2e: test agent done" }).catch((e) => console.log(`e2e | retire: ${e}`));
       }

@@ -53,7 +53,8 @@ export function useGpuModels() {
 export function useServers(refetchMs?: number) {
   return useQuery({
     queryKey: ["servers"],
-    queryFn: async () => (await api.get<Page<Server>>("servers/", { limit: 1000 })).results,
+    // 500: the largest page the API serves (core/api/pagination.py); asking for more is refused with a 400.
+    queryFn: async () => (await api.get<Page<Server>>("servers/", { limit: 500 })).results,
     refetchInterval: refetchMs,
   });
 }
