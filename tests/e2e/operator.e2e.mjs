@@ -425,6 +425,8 @@ run(
       await copyCommand.waitFor();
       const copyFits = await copyCommand.evaluate((el) => ({ scroll: el.scrollWidth, client: el.clientWidth, right: el.getBoundingClientRect().right }));
       expect(copyFits.scroll <= copyFits.client && copyFits.right <= PHONE.width, `the Copy command button is whole: ${JSON.stringify(copyFits)}`);
+      const commandFits = await page.getByTestId("agent-command").evaluate((el) => ({ scroll: el.scrollWidth, client: el.clientWidth }));
+      expect(commandFits.scroll <= commandFits.client + 1, `the command wraps instead of being cut: ${JSON.stringify(commandFits)}`);
       const tokensTable = page.getByTestId("join-tokens");
       await tokensTable.getByText(PHONE_NOTE).waitFor();
       await expectCards(page, tokensTable, "the join tokens");

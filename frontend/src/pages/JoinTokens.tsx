@@ -57,7 +57,7 @@ export function JoinTokensPage() {
       {issued && (
         <Alert color="green" title="Join token created" withCloseButton closeButtonLabel="Dismiss the join token" onClose={() => setIssued(null)}>
           <Text size="sm">Shown only once. On the new server run:</Text>
-          <Code block mt="xs" style={{ wordBreak: "break-all" }} data-testid="agent-command">
+          <Code block mt="xs" style={{ whiteSpace: "pre-wrap", wordBreak: "break-all" }} data-testid="agent-command">
             {agentCommand(issued.token)}
           </Code>
           <CopyButton value={agentCommand(issued.token)}>
