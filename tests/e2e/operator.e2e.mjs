@@ -8,12 +8,13 @@
 // It leaves the demo system as it found it: the tenant's reservations are released, the drained server is back
 // to ready and the agent it enrolled is retired.
 
-import { BASE, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
+import { BASE, DESKTOP, PHONE, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
 
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
 const FAULTY = `e2e-faulty-${Date.now().toString(36)}`;
 const FAULTY_GPU = `GPU-${FAULTY}-0`;
 const HOT_C = 96;
+const PHONE_NOTE = `e2e phone ${FAULTY}`;
 
 /** A signed-in API session (session cookie + CSRF header), as the portal itself talks to the API. Node's own
  * fetch, with a small cookie jar: it opens a connection per request when the server closes them. */
@@ -147,6 +148,36 @@ async function endReservation(api, id) {
   else if (["starting", "running"].includes(r.state)) await api.call("POST", `reservations/${id}/release/`, { reason: "e2e: done" });
 }
 
+/**
+ * At phone width: every row of the table is a card, each labelled cell named by its column's header and inside
+ * the screen, nothing cut; and the page as a whole does not scroll sideways.
+ */
+async function expectCards(page, table, what) {
+  await table.locator("tbody > tr").first().waitFor();
+  const found = await table.evaluate((t, width) => {
+    const heads = [...t.querySelectorAll("thead th")].map((th) => th.textContent.trim());
+    const rows = [...t.querySelectorAll("tbody > tr")];
+    const problems = [];
+    let labelled = 0;
+    for (const tr of rows) {
+      if (getComputedStyle(tr).display !== "block") problems.push(`a row is shown as ${getComputedStyle(tr).display}`);
+      [...tr.children].forEach((td, i) => {
+        const label = td.dataset.label;
+        if (label !== undefined) {
+          labelled++;
+          if (label !== heads[i]) problems.push(`cell ${i} is labelled "${label}", its column "${heads[i]}"`);
+        }
+        const box = td.getBoundingClientRect();
+        if (box.left < 0 || box.right > width + 1) problems.push(`"${label}" runs off the screen (${Math.round(box.left)}..${Math.round(box.right)})`);
+        if (td.scrollWidth > td.clientWidth + 1) problems.push(`"${label}" is cut (${td.scrollWidth} > ${td.clientWidth})`);
+      });
+    }
+    return { rows: rows.length, labelled, problems: problems.slice(0, 5), pageWidth: document.documentElement.scrollWidth };
+  }, PHONE.width);
+  expect(found.rows > 0 && found.labelled > 0 && found.problems.length === 0, `${what} as cards: ${JSON.stringify(found)}`);
+  expect(found.pageWidth <= PHONE.width, `${what}: the page is ${found.pageWidth}px wide on a ${PHONE.width}px screen`);
+}
+
 /** Choose a segment of a SegmentedControl by its label, as a pointer does. */
 const pick = (scope, name) => scope.locator("label").filter({ hasText: new RegExp(`^${name}$`) }).click();
 
@@ -260,7 +291,7 @@ run(
       await ackDialog.waitFor({ state: "hidden" });
       await health.getByText("needs acknowledgement").waitFor({ state: "detached" });
       expect(!(await health.innerText()).includes("XID 79"), "the XID is cleared; the temperature stays");
-      const server = (await opApi.call("GET", `servers/?limit=1000`)).results.find((s) => s.hostname === FAULTY);
+      const server = (await opApi.call("GET", `servers/?limit=500`)).results.find((s) => s.hostname === FAULTY);
       const events = (await opApi.call("GET", `servers/${server.id}/events/`)).results;
       const ack = events.find((e) => e.kind === "gpu_acknowledged");
       expect(ack && ack.reason === "e2e: reseated the GPU" && ack.actor_label === operator.user, `acknowledged by the operator with the reason: ${JSON.stringify(ack)}`);
@@ -377,6 +408,53 @@ run(
       await page.getByRole("option", { name: /\(demo\)$/ }).click();
       await page.getByTestId("usage-totals").waitFor();
       await axeCheck(page, "usage-operator");
+
+      // --- phone ----------------------------------------------------------------------------------------
+      step("on a phone the usage report's rows are cards, nothing wider than the screen");
+      await page.setViewportSize(PHONE);
+      await expectCards(page, page.getByTestId("usage-rows"), "the usage report");
+      await axeCheck(page, "usage-phone");
+      await shot(page, "op-08-usage-phone");
+
+      step("on a phone the join tokens are cards and the Copy command button is whole");
+      await page.goto(`${BASE}/join-tokens`);
+      await page.getByRole("heading", { level: 1, name: "Join tokens" }).waitFor();
+      await page.getByLabel("Note").fill(PHONE_NOTE);
+      await page.getByRole("button", { name: "Create join token" }).click();
+      const copyCommand = page.getByRole("button", { name: "Copy command" });
+      await copyCommand.waitFor();
+      const copyFits = await copyCommand.evaluate((el) => ({ scroll: el.scrollWidth, client: el.clientWidth, right: el.getBoundingClientRect().right }));
+      expect(copyFits.scroll <= copyFits.client && copyFits.right <= PHONE.width, `the Copy command button is whole: ${JSON.stringify(copyFits)}`);
+      const commandFits = await page.getByTestId("agent-command").evaluate((el) => ({ scroll: el.scrollWidth, client: el.clientWidth }));
+      expect(commandFits.scroll <= commandFits.client + 1, `the command wraps instead of being cut: ${JSON.stringify(commandFits)}`);
+      const tokensTable = page.getByTestId("join-tokens");
+      await tokensTable.getByText(PHONE_NOTE).waitFor();
+      await expectCards(page, tokensTable, "the join tokens");
+      await axeCheck(page, "join-tokens-phone");
+      await shot(page, "op-09-join-tokens-phone");
+      const phoneTokenRow = tokensTable.getByRole("row").filter({ hasText: PHONE_NOTE });
+      await phoneTokenRow.getByRole("button", { name: "Revoke" }).click();
+      await phoneTokenRow.getByText("revoked").waitFor();
+
+      step("on a phone the fleet's GPUs in use are cards");
+      await page.goto(`${BASE}/fleet`);
+      await page.getByRole("heading", { level: 1, name: "Fleet health" }).waitFor();
+      await page.getByTestId("gpus-in-use").getByText("e2e-ops-held").waitFor();
+      await expectCards(page, page.getByTestId("gpus-in-use"), "the GPUs in use");
+      await axeCheck(page, "fleet-phone");
+      await shot(page, "op-10-fleet-phone");
+
+      step("on a phone the accounting ledger is cards");
+      await page.goto(`${BASE}/accounting`);
+      await page.getByRole("heading", { level: 1, name: "Accounting" }).waitFor();
+      await page.getByRole("textbox", { name: "Project" }).click();
+      await page.getByRole("option", { name: /\(demo\)$/ }).click();
+      await page.getByTestId("ledger-entries").getByText("e2e refund").first().waitFor();
+      await expectCards(page, page.getByTestId("ledger-entries"), "the accounting ledger");
+      await axeCheck(page, "accounting-phone");
+      await shot(page, "op-11-accounting-phone");
+      await page.setViewportSize(DESKTOP);
+
       await signOut(page);
 
       // --- the tenant's usage page ----------------------------------------------------------------------
@@ -409,12 +487,17 @@ run(
       await shot(page, "op-07-usage-tenant");
     } finally {
       if (beating) clearInterval(beating);
+      await page.setViewportSize(DESKTOP).catch(() => {});
+      const phoneTokens = (await opApi.call("GET", "join-tokens/?limit=200").catch(() => ({ results: [] }))).results;
+      for (const t of phoneTokens.filter((x) => x.note === PHONE_NOTE && x.status === "active")) {
+        await opApi.call("POST", `join-tokens/${t.id}/revoke/`).catch((e) => console.log(`e2e | revoke join token: ${e}`));
+      }
       for (const id of booked) await endReservation(tenantApi, id).catch((e) => console.log(`e2e | cleanup ${id}: ${e}`));
       if (drained) {
-        const s = (await opApi.call("GET", `servers/?limit=1000`)).results.find((x) => x.hostname === drained);
+        const s = (await opApi.call("GET", `servers/?limit=500`)).results.find((x) => x.hostname === drained);
         if (s && s.state === "draining") await opApi.call("POST", `servers/${s.id}/state/`, { state: "ready", reason: "e2e: cleanup" }).catch(() => {});
       }
-      const faulty = (await opApi.call("GET", `servers/?limit=1000`).catch(() => ({ results: [] }))).results.find((s) => s.hostname === FAULTY);
+      const faulty = (await opApi.call("GET", `servers/?limit=500`).catch(() => ({ results: [] }))).results.find((s) => s.hostname === FAULTY);
       if (faulty && faulty.state !== "retired") {
         await opApi.call("POST", `servers/${faulty.id}/state/`, { state: "retired", reason: "e2e: test agent done" }).catch((e) => console.log(`e2e | retire: ${e}`));
       }

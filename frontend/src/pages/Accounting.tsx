@@ -8,6 +8,7 @@ import type { Balance, Page } from "../api/types";
 import { LedgerTable, ProvisionalBadge } from "../components/Ledger";
 import { ProjectPicker, useProjectChoices } from "../components/ProjectPicker";
 import { ErrorAlert, QueryState } from "../components/QueryState";
+import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatCredits, formatDateTime, formatPercent } from "../lib/format";
 import { moneyByReservation, reportRange, shownZone, type LedgerLine, type UsageReport } from "../lib/report";
 
@@ -85,17 +86,17 @@ export function AccountingPage() {
               {holds.length === 0 ? (
                 <Text size="sm" c="dimmed">Nothing is held.</Text>
               ) : (
-                <Table data-testid="accounting-holds">
+                <ResponsiveTable aria-label="Holds" data-testid="accounting-holds">
                   <Table.Thead><Table.Tr><Table.Th>Reservation</Table.Th><Table.Th>Held</Table.Th></Table.Tr></Table.Thead>
                   <Table.Tbody>
                     {holds.map((m) => (
                       <Table.Tr key={m.reservation}>
-                        <Table.Td><Anchor component={Link} to={`/reservations/${m.reservation}`}>{m.reservation.slice(0, 8)}</Anchor></Table.Td>
-                        <Table.Td>{formatCredits(m.held - m.released)}</Table.Td>
+                        <Table.Td data-label="Reservation"><Anchor component={Link} to={`/reservations/${m.reservation}`}>{m.reservation.slice(0, 8)}</Anchor></Table.Td>
+                        <Table.Td data-label="Held">{formatCredits(m.held - m.released)}</Table.Td>
                       </Table.Tr>
                     ))}
                   </Table.Tbody>
-                </Table>
+                </ResponsiveTable>
               )}
             </Card>
             <Card withBorder>
@@ -105,19 +106,19 @@ export function AccountingPage() {
               </Group>
               <QueryState isLoading={usage.isLoading} error={usage.error} isEmpty={(usage.data?.rows.length ?? 0) === 0}
                 empty="No usage this month." label="usage">
-                <Table data-testid="accounting-usage">
+                <ResponsiveTable aria-label="Usage this month" data-testid="accounting-usage">
                   <Table.Thead><Table.Tr><Table.Th>Reservation</Table.Th><Table.Th>Used GPU-h</Table.Th><Table.Th>Utilization</Table.Th><Table.Th>Credits</Table.Th></Table.Tr></Table.Thead>
                   <Table.Tbody>
                     {usage.data?.rows.map((r) => (
                       <Table.Tr key={r.key}>
-                        <Table.Td><Group gap={4}>{r.label} {r.provisional && <ProvisionalBadge />}</Group></Table.Td>
-                        <Table.Td>{r.used_gpu_hours.toFixed(2)}</Table.Td>
-                        <Table.Td>{formatPercent(r.util_mean_percent)}</Table.Td>
-                        <Table.Td>{formatCredits(r.credits)}</Table.Td>
+                        <Table.Td data-label="Reservation"><Group gap={4}>{r.label} {r.provisional && <ProvisionalBadge />}</Group></Table.Td>
+                        <Table.Td data-label="Used GPU-h">{r.used_gpu_hours.toFixed(2)}</Table.Td>
+                        <Table.Td data-label="Utilization">{formatPercent(r.util_mean_percent)}</Table.Td>
+                        <Table.Td data-label="Credits">{formatCredits(r.credits)}</Table.Td>
                       </Table.Tr>
                     ))}
                   </Table.Tbody>
-                </Table>
+                </ResponsiveTable>
               </QueryState>
             </Card>
           </SimpleGrid>

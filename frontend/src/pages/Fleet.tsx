@@ -8,6 +8,7 @@ import { useServers } from "../api/hooks";
 import { DCGM, type Server, type ServerGpu, type ServerState } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ErrorAlert, QueryState } from "../components/QueryState";
+import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatDateTime, formatRelative } from "../lib/format";
 import { explainReason, heatCell, reasonList } from "../lib/gpuHealth";
 import { shownZone } from "../lib/report";
@@ -45,6 +46,7 @@ export function FleetPage() {
   const list = servers.data ?? [];
   const gpus = list.flatMap((s) => s.gpus as FleetGpu[]);
   const unhealthy = list.flatMap((s) => (s.gpus as FleetGpu[]).filter((g) => g.health !== "healthy" || !g.present).map((g) => ({ s, g })));
+  const until = `Until (${shownZone()})`;
   const inUse = list.flatMap((s) => (s.gpus as FleetGpu[]).filter((g) => g.in_use).map((g) => ({ s, g, use: g.in_use! })));
 
   return (
@@ -87,39 +89,37 @@ export function FleetPage() {
 
         <Card withBorder>
           <Title order={2} size="h4" mb="xs">Servers</Title>
-          <Table.ScrollContainer minWidth={720}>
-            <Table striped>
-              <Table.Thead>
-                <Table.Tr>
-                  <Table.Th>Host</Table.Th><Table.Th>State</Table.Th><Table.Th>GPUs</Table.Th>
-                  <Table.Th>Last heartbeat</Table.Th><Table.Th>Agent</Table.Th><Table.Th>Actions</Table.Th>
+          <ResponsiveTable minWidth={720} striped aria-label="Servers">
+            <Table.Thead>
+              <Table.Tr>
+                <Table.Th>Host</Table.Th><Table.Th>State</Table.Th><Table.Th>GPUs</Table.Th>
+                <Table.Th>Last heartbeat</Table.Th><Table.Th>Agent</Table.Th><Table.Th>Actions</Table.Th>
+              </Table.Tr>
+            </Table.Thead>
+            <Table.Tbody>
+              {list.map((s) => (
+                <Table.Tr key={s.id} data-testid={`server-${s.hostname}`}>
+                  <Table.Td data-label="Host">
+                    <Group gap={4}>{s.hostname} {s.simulated && <SimulatedBadge />}</Group>
+                  </Table.Td>
+                  <Table.Td data-label="State"><StateBadge state={s.state} /></Table.Td>
+                  <Table.Td data-label="GPUs">
+                    {s.gpus.length} × {s.gpus[0]?.model ?? "?"}
+                    {s.gpus.some((g) => g.health !== "healthy") && <Badge color="red.9" variant="filled" ml={4} size="xs">unhealthy</Badge>}
+                  </Table.Td>
+                  <Table.Td data-label="Last heartbeat" title={formatDateTime(s.last_heartbeat_at)}>{s.last_heartbeat_at ? formatRelative(s.last_heartbeat_at) : "never"}</Table.Td>
+                  <Table.Td data-label="Agent">{s.agent_version || "–"}</Table.Td>
+                  <Table.Td>
+                    <Group gap={4} wrap="nowrap">
+                      {s.state === "ready" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "draining" })}>Drain</Button>}
+                      {s.state !== "maintenance" && s.state !== "retired" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "maintenance" })}>Maintenance</Button>}
+                      {["draining", "maintenance", "commissioning"].includes(s.state) && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "ready" })}>Return to ready</Button>}
+                    </Group>
+                  </Table.Td>
                 </Table.Tr>
-              </Table.Thead>
-              <Table.Tbody>
-                {list.map((s) => (
-                  <Table.Tr key={s.id} data-testid={`server-${s.hostname}`}>
-                    <Table.Td>
-                      <Group gap={4}>{s.hostname} {s.simulated && <SimulatedBadge />}</Group>
-                    </Table.Td>
-                    <Table.Td><StateBadge state={s.state} /></Table.Td>
-                    <Table.Td>
-                      {s.gpus.length} × {s.gpus[0]?.model ?? "?"}
-                      {s.gpus.some((g) => g.health !== "healthy") && <Badge color="red.9" variant="filled" ml={4} size="xs">unhealthy</Badge>}
-                    </Table.Td>
-                    <Table.Td title={formatDateTime(s.last_heartbeat_at)}>{s.last_heartbeat_at ? formatRelative(s.last_heartbeat_at) : "never"}</Table.Td>
-                    <Table.Td>{s.agent_version || "–"}</Table.Td>
-                    <Table.Td>
-                      <Group gap={4} wrap="nowrap">
-                        {s.state === "ready" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "draining" })}>Drain</Button>}
-                        {s.state !== "maintenance" && s.state !== "retired" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "maintenance" })}>Maintenance</Button>}
-                        {["draining", "maintenance", "commissioning"].includes(s.state) && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "ready" })}>Return to ready</Button>}
-                      </Group>
-                    </Table.Td>
-                  </Table.Tr>
-                ))}
-              </Table.Tbody>
-            </Table>
-          </Table.ScrollContainer>
+              ))}
+            </Table.Tbody>
+          </ResponsiveTable>
         </Card>
 
         <Card withBorder>
@@ -127,27 +127,25 @@ export function FleetPage() {
           {inUse.length === 0 ? (
             <Text size="sm" c="dimmed">No reservation holds a GPU right now.</Text>
           ) : (
-            <Table.ScrollContainer minWidth={640}>
-              <Table striped data-testid="gpus-in-use">
-                <Table.Thead>
-                  <Table.Tr>
-                    <Table.Th>GPU</Table.Th><Table.Th>Tenant (project)</Table.Th><Table.Th>Reservation</Table.Th>
-                    <Table.Th>State</Table.Th><Table.Th>Until ({shownZone()})</Table.Th>
+            <ResponsiveTable minWidth={640} striped aria-label="GPUs in use" data-testid="gpus-in-use">
+              <Table.Thead>
+                <Table.Tr>
+                  <Table.Th>GPU</Table.Th><Table.Th>Tenant (project)</Table.Th><Table.Th>Reservation</Table.Th>
+                  <Table.Th>State</Table.Th><Table.Th>{until}</Table.Th>
+                </Table.Tr>
+              </Table.Thead>
+              <Table.Tbody>
+                {inUse.map(({ s, g, use }) => (
+                  <Table.Tr key={g.uuid}>
+                    <Table.Td data-label="GPU">{s.hostname} GPU {g.index}</Table.Td>
+                    <Table.Td data-label="Tenant (project)">{use.project_name} ({use.project})</Table.Td>
+                    <Table.Td data-label="Reservation"><Anchor component={Link} to={`/reservations/${use.reservation}`}>{use.name}</Anchor> <Text span size="xs" c="dimmed">{use.reservation.slice(0, 8)}</Text></Table.Td>
+                    <Table.Td data-label="State"><StateBadge state={use.state} /></Table.Td>
+                    <Table.Td data-label={until}>{formatDateTime(use.ends_at)}</Table.Td>
                   </Table.Tr>
-                </Table.Thead>
-                <Table.Tbody>
-                  {inUse.map(({ s, g, use }) => (
-                    <Table.Tr key={g.uuid}>
-                      <Table.Td>{s.hostname} GPU {g.index}</Table.Td>
-                      <Table.Td>{use.project_name} ({use.project})</Table.Td>
-                      <Table.Td><Anchor component={Link} to={`/reservations/${use.reservation}`}>{use.name}</Anchor> <Text span size="xs" c="dimmed">{use.reservation.slice(0, 8)}</Text></Table.Td>
-                      <Table.Td><StateBadge state={use.state} /></Table.Td>
-                      <Table.Td>{formatDateTime(use.ends_at)}</Table.Td>
-                    </Table.Tr>
-                  ))}
-                </Table.Tbody>
-              </Table>
-            </Table.ScrollContainer>
+                ))}
+              </Table.Tbody>
+            </ResponsiveTable>
           )}
         </Card>
 
@@ -288,6 +286,7 @@ function StateChange({ server, to, onClose }: { server: Server; to: ServerState;
   const unhealthy = server.gpus.filter((g) => g.health !== "healthy" || !g.present);
   const mustConfirm = to === "ready" && unhealthy.length > 0;
   const affected = preview.data?.reservations ?? [];
+  const windowHeader = `Window (${shownZone()})`;
   return (
     <Modal opened onClose={onClose} closeButtonProps={{ "aria-label": "Close" }} title={`${verb}: ${server.hostname}`} size="lg">
       <form onSubmit={(e) => { e.preventDefault(); change.mutate(); }}>
@@ -320,21 +319,21 @@ function StateChange({ server, to, onClose }: { server: Server; to: ServerState;
                   {affected.length === 0 ? "No reservation holds GPUs of this server now or later." : `Reservations affected (${affected.length}):`}
                 </Text>
                 {affected.length > 0 && (
-                  <Table mt={4} withTableBorder>
+                  <ResponsiveTable mt={4} withTableBorder aria-label="Reservations affected">
                     <Table.Thead>
-                      <Table.Tr><Table.Th>Reservation</Table.Th><Table.Th>Tenant</Table.Th><Table.Th>GPUs</Table.Th><Table.Th>Window ({shownZone()})</Table.Th></Table.Tr>
+                      <Table.Tr><Table.Th>Reservation</Table.Th><Table.Th>Tenant</Table.Th><Table.Th>GPUs</Table.Th><Table.Th>{windowHeader}</Table.Th></Table.Tr>
                     </Table.Thead>
                     <Table.Tbody>
                       {affected.map((r) => (
                         <Table.Tr key={r.reservation}>
-                          <Table.Td>{r.name} <Text span size="xs" c="dimmed">{r.reservation.slice(0, 8)} · {r.running ? "running now" : "starts later"}</Text></Table.Td>
-                          <Table.Td>{r.project}</Table.Td>
-                          <Table.Td>{r.gpus.join(", ")}</Table.Td>
-                          <Table.Td>{formatDateTime(r.starts_at)} – {formatDateTime(r.ends_at)}</Table.Td>
+                          <Table.Td data-label="Reservation">{r.name} <Text span size="xs" c="dimmed">{r.reservation.slice(0, 8)} · {r.running ? "running now" : "starts later"}</Text></Table.Td>
+                          <Table.Td data-label="Tenant">{r.project}</Table.Td>
+                          <Table.Td data-label="GPUs">{r.gpus.join(", ")}</Table.Td>
+                          <Table.Td data-label={windowHeader}>{formatDateTime(r.starts_at)} – {formatDateTime(r.ends_at)}</Table.Td>
                         </Table.Tr>
                       ))}
                     </Table.Tbody>
-                  </Table>
+                  </ResponsiveTable>
                 )}
               </div>
             </QueryState>

@@ -6,6 +6,7 @@ import { ApiError, api } from "../api/client";
 import type { JoinToken, JoinTokenIssued, Page } from "../api/types";
 import { StateBadge } from "../components/Badges";
 import { ErrorAlert, QueryState } from "../components/QueryState";
+import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatDateTime } from "../lib/format";
 import { shownZone } from "../lib/report";
 
@@ -33,6 +34,7 @@ export function JoinTokensPage() {
     onSuccess: () => queryClient.invalidateQueries({ queryKey: ["join-tokens"] }),
   });
   const err = create.error instanceof ApiError ? create.error : null;
+  const expires = `Expires (${shownZone()})`;
 
   function submit(e: FormEvent) {
     e.preventDefault();
@@ -55,12 +57,12 @@ export function JoinTokensPage() {
       {issued && (
         <Alert color="green" title="Join token created" withCloseButton closeButtonLabel="Dismiss the join token" onClose={() => setIssued(null)}>
           <Text size="sm">Shown only once. On the new server run:</Text>
-          <Code block mt="xs" style={{ wordBreak: "break-all" }} data-testid="agent-command">
+          <Code block mt="xs" style={{ whiteSpace: "pre-wrap", wordBreak: "break-all" }} data-testid="agent-command">
             {agentCommand(issued.token)}
           </Code>
           <CopyButton value={agentCommand(issued.token)}>
             {({ copied, copy }) => (
-              <Button size="xs" mt="xs" variant="light" onClick={copy} data-copy-value={agentCommand(issued.token)}>
+              <Button size="xs" mt="xs" variant="light" onClick={copy} className="rt-keep" data-copy-value={agentCommand(issued.token)}>
                 {copied ? "Copied the command" : "Copy command"}
               </Button>
             )}
@@ -69,33 +71,31 @@ export function JoinTokensPage() {
       )}
       <QueryState isLoading={tokens.isLoading} error={tokens.error} isEmpty={tokens.data?.results.length === 0}
         empty="No join tokens yet." label="join tokens">
-        <Table.ScrollContainer minWidth={640}>
-          <Table striped>
-            <Table.Thead>
-              <Table.Tr>
-                <Table.Th>Lookup</Table.Th><Table.Th>Note</Table.Th><Table.Th>Status</Table.Th><Table.Th>By</Table.Th>
-                <Table.Th>Expires ({shownZone()})</Table.Th><Table.Th>Server</Table.Th><Table.Th><VisuallyHidden>Actions</VisuallyHidden></Table.Th>
+        <ResponsiveTable minWidth={640} striped aria-label="Join tokens" data-testid="join-tokens">
+          <Table.Thead>
+            <Table.Tr>
+              <Table.Th>Lookup</Table.Th><Table.Th>Note</Table.Th><Table.Th>Status</Table.Th><Table.Th>By</Table.Th>
+              <Table.Th>{expires}</Table.Th><Table.Th>Server</Table.Th><Table.Th><VisuallyHidden>Actions</VisuallyHidden></Table.Th>
+            </Table.Tr>
+          </Table.Thead>
+          <Table.Tbody>
+            {tokens.data?.results.map((t) => (
+              <Table.Tr key={t.id}>
+                <Table.Td data-label="Lookup"><Code>{t.lookup}</Code></Table.Td>
+                <Table.Td data-label="Note">{t.note || "–"}</Table.Td>
+                <Table.Td data-label="Status"><StateBadge state={t.status} /></Table.Td>
+                <Table.Td data-label="By">{t.created_by}</Table.Td>
+                <Table.Td data-label={expires}>{formatDateTime(t.expires_at)}</Table.Td>
+                <Table.Td data-label="Server">{t.server || "–"}</Table.Td>
+                <Table.Td>
+                  {t.status === "active" && (
+                    <Button size="xs" color="red" variant="subtle" onClick={() => revoke.mutate(t.id)}>Revoke</Button>
+                  )}
+                </Table.Td>
               </Table.Tr>
-            </Table.Thead>
-            <Table.Tbody>
-              {tokens.data?.results.map((t) => (
-                <Table.Tr key={t.id}>
-                  <Table.Td><Code>{t.lookup}</Code></Table.Td>
-                  <Table.Td>{t.note || "–"}</Table.Td>
-                  <Table.Td><StateBadge state={t.status} /></Table.Td>
-                  <Table.Td>{t.created_by}</Table.Td>
-                  <Table.Td>{formatDateTime(t.expires_at)}</Table.Td>
-                  <Table.Td>{t.server || "–"}</Table.Td>
-                  <Table.Td>
-                    {t.status === "active" && (
-                      <Button size="xs" color="red" variant="subtle" onClick={() => revoke.mutate(t.id)}>Revoke</Button>
-                    )}
-                  </Table.Td>
-                </Table.Tr>
-              ))}
-            </Table.Tbody>
-          </Table>
-        </Table.ScrollContainer>
+            ))}
+          </Table.Tbody>
+        </ResponsiveTable>
       </QueryState>
       {revoke.error && <ErrorAlert error={revoke.error} title="Could not revoke" />}
     </Stack>

@@ -9,6 +9,7 @@ import type { Page } from "../api/types";
 import { LedgerTable, ProvisionalBadge } from "../components/Ledger";
 import { ProjectPicker, useProjectChoices } from "../components/ProjectPicker";
 import { NotAvailable, QueryState } from "../components/QueryState";
+import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatCredits, formatDateTime, formatPercent } from "../lib/format";
 import { explainMoney, moneyByReservation, reportRange, shownZone, type LedgerLine, type UsagePoint, type UsageReport } from "../lib/report";
 
@@ -72,6 +73,7 @@ export function UsagePage() {
   });
 
   const rows = report.data?.rows ?? [];
+  const keyHeader = groupBy === "day" ? "Day (UTC)" : groupBy.replace("_", " ");
   const totals = report.data?.totals;
   const hourly = (series.data ?? []).map((p) => ({
     hour: formatDateTime(p.at),
@@ -135,35 +137,33 @@ export function UsagePage() {
             {rows.length === 0 ? (
               <Text c="dimmed" size="sm" ta="center" p="md">No usage in this range.</Text>
             ) : (
-              <Table.ScrollContainer minWidth={760}>
-                <Table striped data-testid="usage-rows">
-                  <Table.Thead>
-                    <Table.Tr>
-                      <Table.Th>{groupBy === "day" ? "Day (UTC)" : groupBy.replace("_", " ")}</Table.Th><Table.Th>Booked GPU-h</Table.Th><Table.Th>Used GPU-h</Table.Th>
-                      <Table.Th>Idle GPU-h</Table.Th><Table.Th>Utilization</Table.Th><Table.Th>Energy kWh</Table.Th><Table.Th>Credits</Table.Th><Table.Th>Cost</Table.Th>
+              <ResponsiveTable minWidth={760} striped aria-label="GPU-hours" data-testid="usage-rows">
+                <Table.Thead>
+                  <Table.Tr>
+                    <Table.Th>{keyHeader}</Table.Th><Table.Th>Booked GPU-h</Table.Th><Table.Th>Used GPU-h</Table.Th>
+                    <Table.Th>Idle GPU-h</Table.Th><Table.Th>Utilization</Table.Th><Table.Th>Energy kWh</Table.Th><Table.Th>Credits</Table.Th><Table.Th>Cost</Table.Th>
+                  </Table.Tr>
+                </Table.Thead>
+                <Table.Tbody>
+                  {rows.map((r) => (
+                    <Table.Tr key={r.key} data-testid={`usage-row-${r.key}`}>
+                      <Table.Td data-label={keyHeader}>
+                        <Group gap={4} wrap="nowrap">
+                          {groupBy === "reservation" ? <Anchor component={Link} to={`/reservations/${r.key}`}>{r.label}</Anchor> : r.label}
+                          {r.provisional && <ProvisionalBadge />}
+                        </Group>
+                      </Table.Td>
+                      <Table.Td data-label="Booked GPU-h">{r.booked_gpu_hours.toFixed(2)}</Table.Td>
+                      <Table.Td data-label="Used GPU-h">{r.used_gpu_hours.toFixed(2)}</Table.Td>
+                      <Table.Td data-label="Idle GPU-h">{r.idle_gpu_hours.toFixed(2)}</Table.Td>
+                      <Table.Td data-label="Utilization">{formatPercent(r.util_mean_percent)} {r.low_utilization && <Badge color="red.9" variant="outline" size="xs">low</Badge>}</Table.Td>
+                      <Table.Td data-label="Energy kWh">{r.energy_kwh.toFixed(2)}</Table.Td>
+                      <Table.Td data-label="Credits">{formatCredits(r.credits)}</Table.Td>
+                      <Table.Td data-label="Cost">{r.cost == null ? "–" : `${formatCredits(r.cost)} ${r.currency}`}</Table.Td>
                     </Table.Tr>
-                  </Table.Thead>
-                  <Table.Tbody>
-                    {rows.map((r) => (
-                      <Table.Tr key={r.key} data-testid={`usage-row-${r.key}`}>
-                        <Table.Td>
-                          <Group gap={4} wrap="nowrap">
-                            {groupBy === "reservation" ? <Anchor component={Link} to={`/reservations/${r.key}`}>{r.label}</Anchor> : r.label}
-                            {r.provisional && <ProvisionalBadge />}
-                          </Group>
-                        </Table.Td>
-                        <Table.Td>{r.booked_gpu_hours.toFixed(2)}</Table.Td>
-                        <Table.Td>{r.used_gpu_hours.toFixed(2)}</Table.Td>
-                        <Table.Td>{r.idle_gpu_hours.toFixed(2)}</Table.Td>
-                        <Table.Td>{formatPercent(r.util_mean_percent)} {r.low_utilization && <Badge color="red.9" variant="outline" size="xs">low</Badge>}</Table.Td>
-                        <Table.Td>{r.energy_kwh.toFixed(2)}</Table.Td>
-                        <Table.Td>{formatCredits(r.credits)}</Table.Td>
-                        <Table.Td>{r.cost == null ? "–" : `${formatCredits(r.cost)} ${r.currency}`}</Table.Td>
-                      </Table.Tr>
-                    ))}
-                  </Table.Tbody>
-                </Table>
-              </Table.ScrollContainer>
+                  ))}
+                </Table.Tbody>
+              </ResponsiveTable>
             )}
           </Card>
         </QueryState>
