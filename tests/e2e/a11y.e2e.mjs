@@ -2,21 +2,9 @@
 // inputs, sign-in returning to the page asked for (and never to another site), a signed-out load that logs no
 // error, an unknown reservation asked for once, and the API docs rendering with every external request blocked.
 
-import { generateKeyPairSync } from "node:crypto";
-
-import { BASE, axeCheck, expect, operator, run, signOut, step, tenant } from "./lib.mjs";
+import { BASE, axeCheck, expect, operator, run, signOut, sshPublicKey, step, tenant } from "./lib.mjs";
 
 const POLL_MS = 3000; // the reservation page's polling interval
-
-function sshPublicKey(comment) {
-  const raw = Buffer.from(generateKeyPairSync("ed25519").publicKey.export({ format: "jwk" }).x, "base64url");
-  const part = (bytes) => {
-    const length = Buffer.alloc(4);
-    length.writeUInt32BE(bytes.length);
-    return Buffer.concat([length, bytes]);
-  };
-  return `ssh-ed25519 ${Buffer.concat([part(Buffer.from("ssh-ed25519")), part(raw)]).toString("base64")} ${comment}`;
-}
 
 async function signInHere(page, who) {
   await page.getByLabel("Username").fill(who.user);

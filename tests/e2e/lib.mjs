@@ -4,6 +4,7 @@
 // Environment: PORTAL_URL, TENANT_USER/TENANT_PASSWORD, OPERATOR_USER/OPERATOR_PASSWORD, ARTIFACTS_DIR,
 // CHROMIUM (default /usr/bin/chromium), E2E_TIMEZONE (default UTC).
 
+import { generateKeyPairSync } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
@@ -52,6 +53,17 @@ export async function signIn(page, who) {
 export async function signOut(page) {
   await page.getByRole("button", { name: "Sign out" }).click();
   await page.waitForURL(/\/login/);
+}
+
+/** A fresh ed25519 public key in OpenSSH's one-line form: the key type and the public bytes, each length-prefixed. */
+export function sshPublicKey(comment) {
+  const raw = Buffer.from(generateKeyPairSync("ed25519").publicKey.export({ format: "jwk" }).x, "base64url");
+  const part = (bytes) => {
+    const length = Buffer.alloc(4);
+    length.writeUInt32BE(bytes.length);
+    return Buffer.concat([length, bytes]);
+  };
+  return `ssh-ed25519 ${Buffer.concat([part(Buffer.from("ssh-ed25519")), part(raw)]).toString("base64")} ${comment}`;
 }
 
 const axeResults = {};

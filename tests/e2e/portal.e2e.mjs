@@ -2,24 +2,12 @@
 // drains a server. Run by tests/e2e/test_portal.py against a running system; what it shares with the other
 // scripts (the browser, sign-in, screenshots, axe) is in lib.mjs.
 
-import { generateKeyPairSync } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { ARTIFACTS, BASE, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
+import { ARTIFACTS, BASE, axeCheck, expect, operator, run, shot, signIn, signOut, sshPublicKey, step, tenant } from "./lib.mjs";
 
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
-
-/** A fresh ed25519 public key in OpenSSH's one-line form: the key type and the public bytes, each length-prefixed. */
-function sshPublicKey(comment) {
-  const raw = Buffer.from(generateKeyPairSync("ed25519").publicKey.export({ format: "jwk" }).x, "base64url");
-  const part = (bytes) => {
-    const length = Buffer.alloc(4);
-    length.writeUInt32BE(bytes.length);
-    return Buffer.concat([length, bytes]);
-  };
-  return `ssh-ed25519 ${Buffer.concat([part(Buffer.from("ssh-ed25519")), part(raw)]).toString("base64")} ${comment}`;
-}
 
 await run("portal", async (page) => {
   // --- tenant ---------------------------------------------------------------------------------------
