@@ -5,9 +5,9 @@ from django.apps import AppConfig
 
 def _on_reservation_finished(reservation: Any) -> None:
     """GPUs were freed: run the queue pass now rather than at the next beat."""
-    from controlplane.scheduling.tasks import schedule_pass
+    from controlplane.scheduling.services import trigger_pass
 
-    schedule_pass.delay()
+    trigger_pass()
 
 
 class SchedulingConfig(AppConfig):

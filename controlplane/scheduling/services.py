@@ -8,6 +8,7 @@ delayed by the queue.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -17,6 +18,7 @@ from django.db.models import Min
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
+from controlplane.core.db import retry_on_transient
 from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
 from controlplane.inventory.models import Gpu
 from controlplane.ledger.services import QuotaNeed, actor_label_for, check_quota, credits, lock_project
@@ -26,6 +28,8 @@ from controlplane.reservations.services import reservation_create
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest, Window
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
+
+log = logging.getLogger(__name__)
 
 NOT_STARTED_BY = "not started by start_by"
 # Codes of a booking refused because the GPUs are not free now: the request waits, and blocks those behind it.
@@ -147,14 +151,19 @@ def request_submit(
         created_at=now,
     )
     _event(request, from_state="", to_state=RequestState.QUEUED, actor=actor, reason="submitted", at=now)
-    transaction.on_commit(_trigger_pass)
+    transaction.on_commit(trigger_pass)
     return request
 
 
-def _trigger_pass() -> None:
+def trigger_pass() -> None:
+    """Ask a worker for a pass now; with the broker down, the beat's next one (within 5 s) does it."""
+    from controlplane.dispatch.services import publish_once
     from controlplane.scheduling.tasks import schedule_pass as task
 
-    task.delay()
+    try:
+        publish_once(task)
+    except Exception as exc:
+        log.warning("could not enqueue a queue pass (%s); the beat runs one", exc)
 
 
 @transaction.atomic
@@ -191,9 +200,9 @@ def queue_order() -> list[str]:
 
 
 @transaction.atomic
-def _fail_late(request_id: int, *, now: datetime) -> None:
+def _fail(request_id: int, *, reason: str, now: datetime) -> None:
     changed = QueuedRequest.objects.filter(pk=request_id, state=RequestState.QUEUED).update(
-        state=RequestState.FAILED, reason=NOT_STARTED_BY
+        state=RequestState.FAILED, reason=reason
     )
     if changed:
         request = QueuedRequest.objects.get(pk=request_id)
@@ -202,7 +211,7 @@ def _fail_late(request_id: int, *, now: datetime) -> None:
             from_state=RequestState.QUEUED,
             to_state=RequestState.FAILED,
             actor=None,
-            reason=NOT_STARTED_BY,
+            reason=reason,
             at=now,
         )
 
@@ -215,6 +224,35 @@ class _Lost(Exception):
     """Another pass moved the request first: roll back the booking made for it."""
 
 
+@retry_on_transient
+def _book_and_mark(request: QueuedRequest, *, now: datetime) -> None:
+    """Book the request from ``now`` and mark it started, in one transaction: when another pass (or a cancel)
+    moved it first, the conditional update finds nothing and the booking rolls back (raises _Lost)."""
+    actor = request.created_by
+    reservation = reservation_create(
+        project=request.project,
+        name=request.name,
+        spec=spec_of(request),
+        window=Window(now, now + timedelta(seconds=request.duration_seconds)),
+        container=container_of(request),
+        actor=actor,
+        now=now,
+    )
+    changed = QueuedRequest.objects.filter(pk=request.pk, state=RequestState.QUEUED).update(
+        state=RequestState.STARTED, reservation=reservation, started_at=now, reason=""
+    )
+    if not changed:
+        raise _Lost
+    _event(
+        request,
+        from_state=RequestState.QUEUED,
+        to_state=RequestState.STARTED,
+        actor=actor,
+        reason=f"booked as reservation {reservation.public_id}",
+        at=now,
+    )
+
+
 def _try_start(request_id: int, *, now: datetime) -> str:
     """One decision: "started", "busy" (the GPUs are not free), "waiting" (quota), "failed" or "skipped"."""
     request = (
@@ -224,32 +262,8 @@ def _try_start(request_id: int, *, now: datetime) -> str:
     )
     if request is None:
         return "skipped"
-    actor = request.created_by
     try:
-        with transaction.atomic():
-            reservation = reservation_create(
-                project=request.project,
-                name=request.name,
-                spec=spec_of(request),
-                window=Window(now, now + timedelta(seconds=request.duration_seconds)),
-                container=container_of(request),
-                actor=actor,
-                now=now,
-            )
-            # In the booking's transaction: when another pass started it first, the booking rolls back.
-            changed = QueuedRequest.objects.filter(pk=request.pk, state=RequestState.QUEUED).update(
-                state=RequestState.STARTED, reservation=reservation, started_at=now, reason=""
-            )
-            if not changed:
-                raise _Lost
-            _event(
-                request,
-                from_state=RequestState.QUEUED,
-                to_state=RequestState.STARTED,
-                actor=actor,
-                reason=f"booked as reservation {reservation.public_id}",
-                at=now,
-            )
+        _book_and_mark(request, now=now)
     except _Lost:
         return "skipped"
     except Conflict as exc:
@@ -260,18 +274,7 @@ def _try_start(request_id: int, *, now: datetime) -> str:
         return "waiting"
     except ValidationFailed as exc:
         # What was valid at submit is not any more (a volume deleted, an egress network withdrawn).
-        with transaction.atomic():
-            if QueuedRequest.objects.filter(pk=request.pk, state=RequestState.QUEUED).update(
-                state=RequestState.FAILED, reason=exc.message
-            ):
-                _event(
-                    request,
-                    from_state=RequestState.QUEUED,
-                    to_state=RequestState.FAILED,
-                    actor=None,
-                    reason=exc.message,
-                    at=now,
-                )
+        _fail(request.pk, reason=exc.message, now=now)
         return "failed"
     return "started"
 
@@ -286,7 +289,7 @@ def schedule_pass(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     late = QueuedRequest.objects.filter(state=RequestState.QUEUED, start_by__lte=now).values_list("pk", flat=True)
     for request_id in list(late):
-        _fail_late(request_id, now=now)
+        _fail(request_id, reason=NOT_STARTED_BY, now=now)
     started = 0
     queued = QueuedRequest.objects.filter(state=RequestState.QUEUED).order_by(*queue_order())
     for request_id in list(queued.values_list("pk", flat=True)):

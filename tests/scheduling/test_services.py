@@ -277,8 +277,10 @@ def test_a_lost_race_rolls_the_booking_back(h100, monkeypatch):  # type: ignore[
 
     monkeypatch.setattr(services, "reservation_create", create_and_lose)
     assert services.schedule_pass() == 0
-    # The cancel was inside the rolled-back transaction too; what matters: no reservation was left behind.
-    assert Reservation.objects.count() == 0
+    # The booking and the other change came in one transaction with the lost update: none of it is left.
+    assert Reservation.objects.count() == 0 and Allocation.objects.count() == 0
+    r.refresh_from_db()
+    assert r.state == RequestState.QUEUED and r.reservation is None
 
 
 @pytest.mark.postgres
