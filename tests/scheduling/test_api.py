@@ -162,3 +162,17 @@ def test_position_estimated_start_reason_and_reservation(api_client, fleet, team
     high.refresh_from_db()
     assert b["state"] == RequestState.STARTED and b["reservation"] == str(high.reservation.public_id)
     assert b["position"] is None and b["estimated_start"] is None
+
+
+def test_a_retry_with_the_same_idempotency_key_queues_once(fleet, team):
+    from rest_framework.test import APIClient
+
+    from tests.factories import ApiTokenFactory
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {ApiTokenFactory(user=team['owner']).plaintext}")
+    first = client.post(URL, body(team["project"]), format="json", HTTP_IDEMPOTENCY_KEY="queue-1")
+    second = client.post(URL, body(team["project"]), format="json", HTTP_IDEMPOTENCY_KEY="queue-1")
+    assert first.status_code == second.status_code == 201
+    assert second["Idempotent-Replayed"] == "true" and second.json()["id"] == first.json()["id"]
+    assert QueuedRequest.objects.count() == 1
