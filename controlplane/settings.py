@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "controlplane.reservations",
     "controlplane.dispatch",
     "controlplane.accounting",
+    "controlplane.scheduling",
 ]
 
 MIDDLEWARE = [
@@ -229,6 +230,7 @@ SPECTACULAR_SETTINGS = {
         "ReservationStateEnum": "controlplane.reservations.choices.ReservationState",
         "ServerStateEnum": "controlplane.inventory.choices.ServerState",
         "NetworkModeEnum": "controlplane.reservations.choices.NetworkMode",
+        "QueuedRequestStateEnum": "controlplane.scheduling.choices.RequestState",
         "MountKindEnum": [("volume", "volume"), ("dataset", "dataset")],
     },
 }
@@ -296,6 +298,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     },
     # Access: each volume's storage hours as they end, once per volume and hour.
     "access-charge-volume-storage": {"task": "controlplane.access.tasks.charge_volume_storage", "schedule": 60.0},
+    # Scheduling: start what fits of the queue (also run whenever a reservation frees its GPUs, and on submit).
+    "scheduling-schedule-pass": {"task": "controlplane.scheduling.tasks.schedule_pass", "schedule": 5.0},
 }
 
 # --- Access ---------------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from controlplane.inventory.models import Gpu, GpuModel, Rack, Site
 from controlplane.ledger.services import ledger_grant
 from controlplane.reservations import services
 from controlplane.reservations.choices import ReservationState
+from controlplane.scheduling.models import PriorityClass
+from controlplane.scheduling.services import request_submit
 from tests.factories import ApiTokenFactory, OperatorFactory, ProjectFactory, UserFactory, member_of
 from tests.reservations.fleet import CONTAINER, gpu_model, server, spec, window
 
@@ -168,6 +170,16 @@ class World:
             "tokens": ApiTokenFactory(user=owner, name="spare").pk,
             "datasets": dataset_create(name="imagenet", allowed_projects=[self.project], actor=operator).name,
             "volumes": volume_create(project=self.project, name="data", size_limit_gib=10, actor=owner).name,
+            "requests": request_submit(
+                project=self.project,
+                name="queued",
+                spec=spec(model),
+                container=CONTAINER,
+                duration=timedelta(hours=1),
+                start_by=None,
+                priority_class=PriorityClass.objects.get(name="normal"),
+                actor=owner,
+            ).public_id,
         }
         done = services.reservation_create(
             project=self.project,

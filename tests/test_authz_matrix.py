@@ -592,3 +592,57 @@ ROWS.extend(
         row("DELETE", "/api/v1/projects/{project_slug}/egress/", **OPERATORS_DELETE),
     ]
 )
+
+
+# --- The queue (docs/scheduling.md) -------------------------------------------------------------------------
+def _queue_refs(world: World) -> dict[str, object]:
+    from datetime import timedelta
+
+    from controlplane.scheduling.models import PriorityClass
+    from controlplane.scheduling.services import request_submit
+    from tests.reservations.fleet import CONTAINER, gpu_model, spec
+
+    queued = request_submit(
+        project=world.project,
+        name="queued",
+        spec=spec(gpu_model()),
+        container=CONTAINER,
+        duration=timedelta(hours=1),
+        start_by=None,
+        priority_class=PriorityClass.objects.get(name="normal"),
+        actor=world.users["owner"],
+    )
+    return {"queued": queued.public_id}
+
+
+def _queue_body(project: str) -> dict[str, Any]:
+    return {
+        "project": project,
+        "name": "matrix",
+        "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
+        "container": {"image": "img"},
+        "duration": "1h",
+    }
+
+
+REF_BUILDERS.append(_queue_refs)
+COVERED_URLCONFS.append("controlplane.scheduling.api.urls")
+VISIBLE_TO["queued"] = MEMBERS_OF_ATLAS
+MISSING["queued"] = "00000000-0000-4000-8000-000000000000"
+QUEUED = "/api/v1/requests/{queued}/"
+ROWS.extend(
+    [
+        row("GET", "/api/v1/requests/", **ANY_USER),
+        row(
+            "POST",
+            "/api/v1/requests/",
+            **BOOKERS_CREATE,
+            body=_queue_body("atlas"),
+            missing_body=_queue_body("no-such-project"),
+            body_targets=frozenset({"project_slug"}),
+            keep=("project",),
+        ),
+        row("GET", QUEUED, **MEMBERS_READ),
+        row("POST", QUEUED + "cancel/", body={"reason": "matrix"}, **BOOKERS_WRITE),
+    ]
+)

@@ -82,3 +82,26 @@ def recheck_volumes_free(*, project: Any, volumes: list[dict[str, Any]], window:
         exclude_reservation_id=reservation_id,
         overlap_only=True,
     )
+
+
+# -- Capacity freed (docs/scheduling.md) -----------------------------------------------------------------------
+# When a reservation stops holding GPUs (finished, cancelled, released early), apps above this one may want to
+# act at once: the scheduling app runs its queue pass. Called after the transaction commits, never inside it.
+FinishedListener = Callable[[Any], None]
+_on_finished: list[FinishedListener] = []
+
+
+def register_on_finished(listener: FinishedListener) -> None:
+    if listener not in _on_finished:
+        _on_finished.append(listener)
+
+
+def finished(reservation: Any) -> None:
+    """Tell the listeners, once the current transaction commits, that ``reservation`` freed its GPUs."""
+    from django.db import transaction
+
+    def notify() -> None:
+        for listener in list(_on_finished):
+            listener(reservation)
+
+    transaction.on_commit(notify)

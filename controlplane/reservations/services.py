@@ -383,6 +383,7 @@ def reservation_cancel(
         at=now,
     )
     _dispatch_changed(current)
+    hooks.finished(current)
     current.refresh_from_db()
     return current
 
@@ -442,6 +443,7 @@ def _end_early(current: Reservation, *, actor: Any, reason: str, now: datetime) 
         data={"booked_ends_at": booked_end.isoformat(), "ends_at": now.isoformat()},
     )
     _dispatch_changed(current)
+    hooks.finished(current)
     current.refresh_from_db()
     return current
 
@@ -687,5 +689,6 @@ def reservation_finish(
         data=data,
         at=now,
     )
+    hooks.finished(current)
     reservation.state = to
     return True

@@ -1,0 +1,83 @@
+"""The queue beside advance reservations: requests that start when their GPUs free up (docs/scheduling.md)."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from controlplane.accounts.models import Project
+from controlplane.reservations.models import Reservation
+from controlplane.scheduling.choices import RequestState
+
+
+class PriorityClass(models.Model):
+    """A queue class: a higher ``rank`` is served first. ``credit_multiplier``, ``notice_seconds`` and
+    ``preemptible`` are stored for the slices that use them (docs/scheduling.md, "Not yet")."""
+
+    name = models.SlugField(max_length=40, unique=True)
+    rank = models.IntegerField()
+    credit_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=Decimal("1"))
+    notice_seconds = models.PositiveIntegerField(default=0)
+    preemptible = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-rank", "name"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueuedRequest(models.Model):
+    """A request for GPUs for ``duration_seconds``, from whenever they are free (and before ``start_by``)."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="queued_requests")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    name = models.CharField(max_length=120)
+    # specs.GpuSpec's fields, and specs.ContainerSpec's (mounts as specs.MountRequest's fields).
+    spec = models.JSONField()
+    container = models.JSONField()
+    duration_seconds = models.PositiveIntegerField()
+    start_by = models.DateTimeField(null=True, blank=True)
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="requests")
+    state = models.CharField(max_length=16, choices=RequestState.choices, default=RequestState.QUEUED)
+    reservation = models.OneToOneField(
+        Reservation, on_delete=models.PROTECT, null=True, blank=True, related_name="queued_request"
+    )
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "created_at"]), models.Index(fields=["project", "state"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.public_id})"
+
+
+class QueuedRequestEvent(models.Model):
+    """The audit trail of a queued request, like ReservationEvent."""
+
+    request = models.ForeignKey(QueuedRequest, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    actor_label = models.CharField(max_length=150)
+    reason = models.TextField()
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}: {self.from_state}->{self.to_state}"

@@ -1,0 +1,41 @@
+"""Builders shared by the scheduling tests."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from controlplane.accounts.models import Project
+from controlplane.reservations.specs import GpuSpec
+from controlplane.scheduling import services
+from controlplane.scheduling.models import PriorityClass, QueuedRequest
+from tests.factories import UserFactory
+from tests.reservations.fleet import CONTAINER
+
+
+def klass(name: str = "normal") -> PriorityClass:
+    return PriorityClass.objects.get(name=name)
+
+
+def submit(
+    proj: Project,
+    s: GpuSpec,
+    *,
+    hours: float = 1,
+    priority: str = "normal",
+    start_by: datetime | None = None,
+    name: str = "job",
+    actor: Any = None,
+    now: datetime | None = None,
+) -> QueuedRequest:
+    return services.request_submit(
+        project=proj,
+        name=name,
+        spec=s,
+        container=CONTAINER,
+        duration=timedelta(hours=hours),
+        start_by=start_by,
+        priority_class=klass(priority),
+        actor=actor or UserFactory(),
+        now=now,
+    )

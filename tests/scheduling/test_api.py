@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.reservations import services as booking
+from controlplane.scheduling import services
+from controlplane.scheduling.choices import RequestState
+from controlplane.scheduling.models import QueuedRequest
+from tests.factories import UserFactory
+from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec, window
+from tests.scheduling.support import submit
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/requests/"
+
+
+@pytest.fixture
+def fleet():  # type: ignore[no-untyped-def]
+    model = gpu_model()
+    server(model, gpus=2)
+    return model
+
+
+@pytest.fixture
+def team():  # type: ignore[no-untyped-def]
+    owner, member, viewer, outsider = (UserFactory() for _ in range(4))
+    proj = project(owner=owner, member=member, viewer=viewer, grant="1000")
+    return {"project": proj, "owner": owner, "member": member, "viewer": viewer, "outsider": outsider}
+
+
+def body(proj, **over):  # type: ignore[no-untyped-def]
+    data = {
+        "project": proj.slug,
+        "name": "train",
+        "spec": {"gpu_model": "H100-80GB", "gpu_count": 2},
+        "container": {"image": "registry.example/train:1", "command": ["python", "train.py"]},
+        "duration": "1h30m",
+    }
+    data.update(over)
+    return data
+
+
+@pytest.mark.parametrize(("role", "expected"), [("owner", 201), ("member", 201), ("viewer", 403), ("outsider", 404)])
+def test_submitting_needs_owner_or_member(api_client, fleet, team, role, expected):
+    api_client.force_authenticate(team[role])
+    response = api_client.post(URL, body(team["project"]), format="json")
+    assert response.status_code == expected, response.data
+
+
+def test_submit_answers_the_queued_request(api_client, fleet, team):
+    api_client.force_authenticate(team["member"])
+    start_by = (timezone.now() + timedelta(hours=4)).isoformat()
+    response = api_client.post(URL, body(team["project"], start_by=start_by, priority_class="high"), format="json")
+    assert response.status_code == 201, response.data
+    data = response.data
+    assert data["state"] == "queued" and data["priority_class"] == "high" and data["duration_seconds"] == 5400
+    assert data["spec"] == {"gpu_model": "H100-80GB", "min_memory_mib": None, "gpu_count": 2, "whole_servers": None}
+    assert data["position"] == 1 and data["reservation"] is None
+    assert data["estimated_start"] is not None
+    assert QueuedRequest.objects.get(public_id=data["id"]).priority_class.name == "high"
+
+
+@pytest.mark.parametrize("duration", ["PT1H", 3600, "1h"])
+def test_the_duration_forms_of_a_booking_window(api_client, fleet, team, duration):
+    api_client.force_authenticate(team["owner"])
+    response = api_client.post(URL, body(team["project"], duration=duration), format="json")
+    assert response.status_code == 201, response.data
+    assert response.data["duration_seconds"] == 3600
+    assert response.data["priority_class"] == "normal"
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"duration": "soon"}, "duration"),
+        ({"duration": 0}, "duration"),
+        ({"spec": {"gpu_model": "B999", "gpu_count": 1}}, "spec.gpu_model"),
+        ({"container": {"image": "x", "command": "python train.py"}}, "container.command"),
+        ({"start_by": "2031-01-01T10:00:00"}, "start_by"),
+        ({"priority_class": "urgent"}, "priority_class"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(api_client, fleet, team, over, field):
+    api_client.force_authenticate(team["owner"])
+    response = api_client.post(URL, body(team["project"], **over), format="json")
+    assert response.status_code == 400, response.data
+    assert field in response.data["error"]["fields"], response.data
+    assert not QueuedRequest.objects.exists()
+
+
+def test_more_gpus_than_the_fleet_has_is_refused(api_client, fleet, team):
+    api_client.force_authenticate(team["owner"])
+    response = api_client.post(
+        URL, body(team["project"], spec={"gpu_model": "H100-80GB", "gpu_count": 3}), format="json"
+    )
+    assert response.status_code == 409
+    assert response.data["error"]["code"] == "no_capacity" and "spec.gpu_count" in response.data["error"]["fields"]
+    assert QueuedRequest.objects.count() == 0
+
+
+def test_tenants_see_only_their_projects_requests(api_client, fleet, team):
+    mine = submit(team["project"], spec(fleet))
+    other = submit(project(), spec(fleet))
+    api_client.force_authenticate(team["viewer"])
+    listed = api_client.get(URL).data
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert [r["id"] for r in rows] == [str(mine.public_id)]
+    assert api_client.get(f"{URL}{mine.public_id}/").status_code == 200
+    assert api_client.get(f"{URL}{other.public_id}/").status_code == 404
+    assert api_client.post(f"{URL}{other.public_id}/cancel/", {}, format="json").status_code == 404
+
+
+def test_filter_by_state(api_client, fleet, team):
+    queued = submit(team["project"], spec(fleet))
+    gone = submit(team["project"], spec(fleet))
+    services.request_cancel(request=gone, actor=team["owner"])
+    api_client.force_authenticate(team["owner"])
+    listed = api_client.get(URL, {"state": "queued", "project": team["project"].slug}).data
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert [r["id"] for r in rows] == [str(queued.public_id)]
+
+
+def test_cancel_by_a_member_not_a_viewer(api_client, fleet, team):
+    r = submit(team["project"], spec(fleet))
+    api_client.force_authenticate(team["viewer"])
+    assert api_client.post(f"{URL}{r.public_id}/cancel/", {}, format="json").status_code == 403
+    api_client.force_authenticate(team["member"])
+    response = api_client.post(f"{URL}{r.public_id}/cancel/", {"reason": "not needed"}, format="json")
+    assert response.status_code == 200 and response.data["state"] == "cancelled"
+    assert response.data["position"] is None
+    again = api_client.post(f"{URL}{r.public_id}/cancel/", {}, format="json")
+    assert again.status_code == 409 and again.data["error"]["code"] == "invalid_state"
+
+
+def test_position_estimated_start_reason_and_reservation(api_client, fleet, team):
+    proj = team["project"]
+    blocker = booking.reservation_create(
+        project=proj,
+        name="blocker",
+        spec=spec(fleet, count=2),
+        window=window(start_in=timedelta(0), hours=2),
+        container=CONTAINER,
+        actor=team["owner"],
+    )
+    normal = submit(proj, spec(fleet, count=2))
+    high = submit(proj, spec(fleet, count=2), priority="high")
+    services.schedule_pass()
+    api_client.force_authenticate(team["viewer"])
+    a = api_client.get(f"{URL}{normal.public_id}/").data
+    b = api_client.get(f"{URL}{high.public_id}/").data
+    assert (a["position"], b["position"]) == (2, 1)
+    # From the booked windows alone: when the blocker ends.
+    assert a["estimated_start"] == blocker.ends_at.isoformat().replace("+00:00", "Z")
+    assert "Not enough" in b["reason"]
+    assert a["reason"] == ""  # the pass stopped at the blocked higher one before reaching it
+    booking.reservation_release(reservation=blocker, actor=team["owner"])
+    services.schedule_pass()
+    b = api_client.get(f"{URL}{high.public_id}/").data
+    high.refresh_from_db()
+    assert b["state"] == RequestState.STARTED and b["reservation"] == str(high.reservation.public_id)
+    assert b["position"] is None and b["estimated_start"] is None
+
+
+def test_a_retry_with_the_same_idempotency_key_queues_once(fleet, team):
+    from rest_framework.test import APIClient
+
+    from tests.factories import ApiTokenFactory
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {ApiTokenFactory(user=team['owner']).plaintext}")
+    first = client.post(URL, body(team["project"]), format="json", HTTP_IDEMPOTENCY_KEY="queue-1")
+    second = client.post(URL, body(team["project"]), format="json", HTTP_IDEMPOTENCY_KEY="queue-1")
+    assert first.status_code == second.status_code == 201
+    assert second["Idempotent-Replayed"] == "true" and second.json()["id"] == first.json()["id"]
+    assert QueuedRequest.objects.count() == 1
