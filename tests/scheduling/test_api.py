@@ -176,3 +176,19 @@ def test_a_retry_with_the_same_idempotency_key_queues_once(fleet, team):
     assert first.status_code == second.status_code == 201
     assert second["Idempotent-Replayed"] == "true" and second.json()["id"] == first.json()["id"]
     assert QueuedRequest.objects.count() == 1
+
+
+def test_the_list_costs_the_same_queries_for_one_request_or_many(api_client, fleet, team):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    api_client.force_authenticate(team["owner"])
+    submit(team["project"], spec(fleet))
+    with CaptureQueriesContext(connection) as one:
+        assert api_client.get(URL).status_code == 200
+    for _ in range(5):
+        submit(team["project"], spec(fleet))
+    with CaptureQueriesContext(connection) as six:
+        rows = api_client.get(URL).data["results"]
+    assert len(rows) == 6
+    assert len(six) == len(one), [q["sql"] for q in six.captured_queries]

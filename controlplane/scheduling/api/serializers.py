@@ -117,8 +117,16 @@ class QueuedRequestSerializer(serializers.ModelSerializer):
     def get_spec(self, request: QueuedRequest) -> dict[str, Any]:
         spec = dict(request.spec)
         model_id = spec.pop("gpu_model_id", None)
-        name = GpuModel.objects.filter(pk=model_id).values_list("name", flat=True).first() if model_id else None
-        return QueuedSpecSerializer({"gpu_model": name, **spec}).data
+        return QueuedSpecSerializer({"gpu_model": self._model_names().get(model_id), **spec}).data
+
+    def _model_names(self) -> dict[int, str]:
+        """The catalog's names by id, read once per answer (a list's rows share it): no query per row."""
+        names = self.context.get("gpu_model_names") if isinstance(self.context, dict) else None
+        if names is None:
+            names = dict(GpuModel.objects.values_list("id", "name"))
+            if isinstance(self.context, dict):
+                self.context["gpu_model_names"] = names
+        return names
 
 
 class QueuedRequestDetailSerializer(QueuedRequestSerializer):
