@@ -101,14 +101,9 @@ class OperatorServerGpuSerializer(OperatorGpuSerializer):
         return in_use.get(obj.pk)
 
 
-class AffectedReservationSerializer(serializers.Serializer):
-    reservation = serializers.UUIDField()
-    name = serializers.CharField()
-    project = serializers.CharField(help_text="Project slug.")
-    project_name = serializers.CharField()
-    state = serializers.CharField()
-    starts_at = serializers.DateTimeField()
-    ends_at = serializers.DateTimeField()
+class AffectedReservationSerializer(GpuInUseSerializer):
+    """A reservation a drain leaves in place: the same facts as a GPU's holder, and its GPUs there."""
+
     running = serializers.BooleanField(help_text="Its window has begun.")
     gpus = serializers.ListField(child=serializers.IntegerField(), help_text="Indexes of its GPUs on this server.")
 

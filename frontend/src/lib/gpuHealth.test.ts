@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 
-import { contrastRatio, explainReason, heatCell, reasonList } from "./gpuHealth";
+import { contrast as contrastRatio } from "./contrast";
+import { explainReason, heatCell, reasonList } from "./gpuHealth";
 
 describe("gpu health", () => {
   it("explains an XID in a line, and one it does not know says where to look", () => {

@@ -1,6 +1,8 @@
 // What the fleet page says about a GPU's health: each reason in plain words, and heatmap colours whose text is
 // readable on them.
 
+import { contrast } from "./contrast";
+
 /** XIDs an operator meets most, in one line each (NVIDIA's XID catalogue has the rest). */
 export const XID_TEXT: Record<number, string> = {
   13: "graphics engine exception (usually the application's fault)",
@@ -77,19 +79,6 @@ function hslToRgb(h: number, s: number, l: number): [number, number, number] {
   return [f(0), f(8), f(4)].map((v) => Math.round(v * 255)) as [number, number, number];
 }
 
-function luminance([r, g, b]: [number, number, number]): number {
-  const lin = (c: number) => {
-    const v = c / 255;
-    return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
-  };
-  return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
-}
-
-export function contrastRatio(a: [number, number, number], b: [number, number, number]): number {
-  const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
-  return (hi + 0.05) / (lo + 0.05);
-}
-
 const DARK_TEXT: [number, number, number] = [26, 27, 30];
 const LIGHT_TEXT: [number, number, number] = [255, 255, 255];
 
@@ -107,7 +96,7 @@ export interface CellColors {
  */
 export function heatCell(value: number | null | undefined, max: number, scale: "util" | "temp"): CellColors {
   const text = (rgb: [number, number, number]) =>
-    contrastRatio(rgb, DARK_TEXT) >= contrastRatio(rgb, LIGHT_TEXT) ? DARK_TEXT : LIGHT_TEXT;
+    contrast(rgb, DARK_TEXT) >= contrast(rgb, LIGHT_TEXT) ? DARK_TEXT : LIGHT_TEXT;
   if (value === null || value === undefined || !Number.isFinite(value)) {
     const rgb: [number, number, number] = [222, 226, 230];
     return { background: `rgb(${rgb.join(" ")})`, color: `rgb(${text(rgb).join(" ")})`, rgb, text: text(rgb) };
@@ -117,7 +106,7 @@ export function heatCell(value: number | null | undefined, max: number, scale: "
   let l = scale === "util" ? 0.92 - 0.6 * f : 0.9 - 0.55 * f;
   let rgb = hslToRgb(h, s, l);
   // Mid tones read poorly with either text colour: darken them until white text passes 4.5:1.
-  while (contrastRatio(rgb, text(rgb)) < 4.5 && l > 0.05) {
+  while (contrast(rgb, text(rgb)) < 4.5 && l > 0.05) {
     l -= 0.02;
     rgb = hslToRgb(h, s, l);
   }
