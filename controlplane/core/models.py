@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -29,3 +30,22 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.state})"
+
+
+class StateChangeEvent(models.Model):
+    """An audit-trail entry of one object's state change: from and to, by whom, when and why. Concrete events
+    (a reservation's, a queued request's) add the object they belong to."""
+
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # "user:alice", "system:dispatch": readable after the user is deleted.
+    actor_label = models.CharField(max_length=150)
+    reason = models.TextField()
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["at", "id"]

@@ -11,6 +11,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
+from controlplane.core.models import StateChangeEvent
 from controlplane.inventory.models import Gpu, GpuModel
 from controlplane.reservations.choices import NetworkMode, ReservationState
 
@@ -116,23 +117,14 @@ class Allocation(models.Model):
         return f"{self.gpu_id} [{self.starts_at}, {self.ends_at})"
 
 
-class ReservationEvent(models.Model):
+class ReservationEvent(StateChangeEvent):
     """The audit trail: every state change (and every cancel, release, extend) with actor, time and reason."""
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="events")
-    from_state = models.CharField(max_length=16, blank=True)
-    to_state = models.CharField(max_length=16)
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    # "user:alice", "system:dispatch": readable after the user is deleted.
-    actor_label = models.CharField(max_length=150)
-    reason = models.TextField()
     data = models.JSONField(default=dict, blank=True)
-    at = models.DateTimeField(default=timezone.now, db_index=True)
 
-    class Meta:
-        ordering = ["at", "id"]
+    class Meta(StateChangeEvent.Meta):
+        pass
 
     def __str__(self) -> str:
         return f"{self.reservation_id}: {self.from_state}->{self.to_state}"

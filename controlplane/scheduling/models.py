@@ -10,6 +10,7 @@ from django.db import models
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
+from controlplane.core.models import StateChangeEvent
 from controlplane.reservations.models import Reservation
 from controlplane.scheduling.choices import RequestState
 
@@ -63,21 +64,13 @@ class QueuedRequest(models.Model):
         return f"{self.name} ({self.public_id})"
 
 
-class QueuedRequestEvent(models.Model):
+class QueuedRequestEvent(StateChangeEvent):
     """The audit trail of a queued request, like ReservationEvent."""
 
     request = models.ForeignKey(QueuedRequest, on_delete=models.CASCADE, related_name="events")
-    from_state = models.CharField(max_length=16, blank=True)
-    to_state = models.CharField(max_length=16)
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    actor_label = models.CharField(max_length=150)
-    reason = models.TextField()
-    at = models.DateTimeField(default=timezone.now, db_index=True)
 
-    class Meta:
-        ordering = ["at", "id"]
+    class Meta(StateChangeEvent.Meta):
+        pass
 
     def __str__(self) -> str:
         return f"{self.request_id}: {self.from_state}->{self.to_state}"
