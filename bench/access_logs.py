@@ -58,7 +58,7 @@ def main() -> None:
 
     from controlplane.accounts.models import Project
     from controlplane.accounts.services import api_token_create
-    from controlplane.core.management.demo import seed_demo
+    from controlplane.system.management.demo import seed_demo
     from controlplane.inventory.choices import ServerState
     from controlplane.inventory.models import GpuModel, Server
     from controlplane.reservations import services as reservations

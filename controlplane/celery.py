@@ -1,11 +1,5 @@
-"""The Celery application; tasks live in each app's tasks.py."""
+"""The Celery application (``celery -A controlplane``), defined in ``controlplane.core.celeryapp``."""
 
-import os
+from controlplane.core.celeryapp import app
 
-from celery import Celery
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-
-app = Celery("controlplane")
-app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
+__all__ = ["app"]

@@ -61,6 +61,8 @@ INSTALLED_APPS = [
     "controlplane.dispatch",
     "controlplane.accounting",
     "controlplane.scheduling",
+    # Last: whole-system tools (runsystem, the demo data) that build on every app above.
+    "controlplane.system",
 ]
 
 MIDDLEWARE = [

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.core.management.base import CommandError
 
-from controlplane.core.management.commands.runsystem import FleetMember, parse_bind, parse_fleet, portal_is_stale
-from controlplane.core.management.supervisor import Child, CrashLoop, RestartPolicy, Supervisor
+from controlplane.system.management.commands.runsystem import FleetMember, parse_bind, parse_fleet, portal_is_stale
+from controlplane.system.management.supervisor import Child, CrashLoop, RestartPolicy, Supervisor
 from tests.runsystem_support import ROOT, alive, embedded_env, free_port, runsystem_argv
 
 # --- parsing --------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_demo_data_is_created_once_and_a_second_run_changes_nothing(db, var_dir,
 
     from controlplane.accounts.choices import Role
     from controlplane.accounts.models import Membership
-    from controlplane.core.management.demo import seed_demo
+    from controlplane.system.management.demo import seed_demo
     from controlplane.inventory.models import GpuModel
 
     monkeypatch.delenv("DEMO_OPERATOR_PASSWORD", raising=False)
@@ -104,7 +104,7 @@ def test_demo_data_is_created_once_and_a_second_run_changes_nothing(db, var_dir,
 def test_demo_password_from_the_environment_is_applied(db, var_dir, monkeypatch):
     from django.contrib.auth import get_user_model
 
-    from controlplane.core.management.demo import seed_demo
+    from controlplane.system.management.demo import seed_demo
 
     monkeypatch.setenv("DEMO_OPERATOR_PASSWORD", "correct horse battery")
     seed_demo()
@@ -114,7 +114,7 @@ def test_demo_password_from_the_environment_is_applied(db, var_dir, monkeypatch)
 def test_demo_does_not_show_a_password_changed_since_it_was_set(db, var_dir, monkeypatch):
     from django.contrib.auth import get_user_model
 
-    from controlplane.core.management.demo import seed_demo
+    from controlplane.system.management.demo import seed_demo
 
     monkeypatch.delenv("DEMO_TENANT_PASSWORD", raising=False)
     seed_demo()
@@ -128,7 +128,7 @@ def test_demo_does_not_show_a_password_changed_since_it_was_set(db, var_dir, mon
 
 
 def test_demo_keeps_a_price_the_operator_changed(db, var_dir):
-    from controlplane.core.management.demo import seed_demo
+    from controlplane.system.management.demo import seed_demo
     from controlplane.inventory.models import GpuModel
 
     seed_demo()
@@ -138,7 +138,7 @@ def test_demo_keeps_a_price_the_operator_changed(db, var_dir):
 
 
 def test_demo_project_gets_a_quota_policy_and_credits_once(db, var_dir):
-    from controlplane.core.management.demo import DEMO_CREDITS_PER_PERIOD, DEMO_MAX_CONCURRENT_GPUS, seed_demo
+    from controlplane.system.management.demo import DEMO_CREDITS_PER_PERIOD, DEMO_MAX_CONCURRENT_GPUS, seed_demo
     from controlplane.ledger.models import LedgerEntry, QuotaPolicy
 
     seed_demo()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.core.management.commands.runsystem import Command, FleetMember
+from controlplane.system.management.commands.runsystem import Command, FleetMember
 from nodeagent.__main__ import build_parser
 
 

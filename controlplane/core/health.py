@@ -62,7 +62,7 @@ def database_check() -> None:
 
 
 def broker_check() -> None:
-    from controlplane.celery import app
+    from controlplane.core.celeryapp import app
 
     conf = app.conf
     if conf.task_always_eager:

@@ -140,7 +140,7 @@ def publish_once(task: Any, **options: Any) -> None:
     """Hand a task to the broker with one connection attempt, or raise. Celery's own publish, even with
     ``retry=False``, first reconnects for up to the broker connection timeout (about 6 s measured, per task),
     which a dead broker would add to the booking request or heartbeat that opened a window."""
-    from controlplane.celery import app
+    from controlplane.core.celeryapp import app
 
     if app.conf.task_always_eager:
         task.apply_async(**options)

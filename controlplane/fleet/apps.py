@@ -4,3 +4,15 @@ from django.apps import AppConfig
 class FleetConfig(AppConfig):
     name = "controlplane.fleet"
     label = "fleet"
+
+    def ready(self) -> None:
+        # The fleet sits above the inventory (docs/design-notes.md, Layers): retiring a server revokes its agent.
+        from typing import Any
+
+        from controlplane.fleet.services import revoke_active_credentials
+        from controlplane.inventory import hooks as inventory_hooks
+
+        def server_retired(server: Any, actor: Any, reason: str) -> None:
+            revoke_active_credentials(server=server, actor=actor, reason=reason)
+
+        inventory_hooks.server_retired.register(server_retired)

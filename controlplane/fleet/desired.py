@@ -1,4 +1,5 @@
-"""Hooks between the heartbeat and dispatch. Dispatch fills them in; the fleet only calls them.
+"""Hooks between the heartbeat and dispatch. Dispatch, above the fleet, fills them in its ``AppConfig.ready()``;
+the fleet only calls them, and a heartbeat with no dispatch to answer it fails loudly (``core.hooks``).
 
 They run inside the heartbeat's (or node-loss detection's) transaction, with the server row locked.
 """
@@ -9,8 +10,22 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from controlplane.core.hooks import RequiredHook
 from controlplane.inventory.models import Server
 from nodeagent.schema import AgentEvent, ContainerReport, DesiredContainer, VolumeUsage
+
+DISPATCH = "controlplane.dispatch"
+# (server, now, has_work) -> (the containers that must run, the launch ids to stop)
+desired_state_hook: RequiredHook[[Server, datetime | None, bool | None], tuple[list[DesiredContainer], list[str]]] = (
+    RequiredHook("fleet.desired_state_for", provider=DISPATCH)
+)
+work_probe_hook: RequiredHook[[Server, datetime], tuple[str, list[Any]]] = RequiredHook(
+    "fleet.work_probe", provider=DISPATCH
+)
+containers_reported_hook: RequiredHook[[Server, Sequence[ContainerReport], datetime], None] = RequiredHook(
+    "fleet.containers_reported", provider=DISPATCH
+)
+server_lost_hook: RequiredHook[[Server, datetime], int] = RequiredHook("fleet.server_lost", provider=DISPATCH)
 
 
 def desired_state_for(
@@ -18,32 +33,24 @@ def desired_state_for(
 ) -> tuple[list[DesiredContainer], list[str]]:
     """What must run on ``server`` now, and the launch ids it must stop now. ``has_work`` is the answer of
     ``work_probe(server, now)`` when the caller ran it already in this transaction."""
-    from controlplane.dispatch import services
-
-    return services.desired_state_for(server=server, now=now, has_work=has_work)
+    return desired_state_hook(server, now, has_work)
 
 
 def work_probe(server: Server, now: datetime) -> tuple[str, list[Any]]:
     """Dispatch's probe as a statement (a row when there is anything to open or anything live on ``server``),
     for the heartbeat to send with its own writes."""
-    from controlplane.dispatch import services
-
-    return services.dispatch_work_probe(server_id=server.pk, now=now)
+    return work_probe_hook(server, now)
 
 
 def containers_reported(server: Server, reports: Sequence[ContainerReport], now: datetime) -> None:
     """The containers the agent says it runs or ran, as Docker saw them."""
-    from controlplane.dispatch import reports as dispatch_reports
-
-    dispatch_reports.containers_reported(server=server, reports=reports, now=now)
+    containers_reported_hook(server, reports, now)
 
 
 def server_lost(server: Server, now: datetime) -> int:
     """``server`` has been offline long enough for its agent to have fenced itself (``fleet.fencing``): its
     launches are lost. How many were."""
-    from controlplane.dispatch import recovery
-
-    return recovery.server_lost(server=server, now=now)
+    return server_lost_hook(server, now)
 
 
 # -- hooks for apps above the fleet (filled in by their AppConfig.ready()) ---------------------------------

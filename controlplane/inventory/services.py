@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.inventory import hooks
 from controlplane.inventory.choices import EventKind, ServerState
 from controlplane.inventory.models import Gpu, Server, ServerEvent
 
@@ -88,9 +89,7 @@ def server_set_state(*, server: Server, to: str, actor: Any, reason: str) -> Ser
         server=server, kind=EventKind.STATE, actor=actor, reason=reason, from_state=current, to_state=to
     ).save()
     if to == ServerState.RETIRED:
-        # A retired server's agent has nothing more to say: its credential goes with it.
-        from controlplane.fleet.services import revoke_active_credentials
-
-        revoke_active_credentials(server=server, actor=actor, reason=f"server retired: {reason}")
+        # A retired server's agent has nothing more to say: its credential goes with it (the fleet's hook).
+        hooks.server_retired(server, actor, f"server retired: {reason}")
     server.refresh_from_db()
     return server

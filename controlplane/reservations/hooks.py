@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from controlplane.core.hooks import RequiredHook
+
 AccessReader = Callable[[Any], dict[str, Any]]
 
 _access: AccessReader | None = None
@@ -105,3 +107,13 @@ def finished(reservation: Any) -> None:
             listener(reservation)
 
     transaction.on_commit(notify)
+
+
+# -- Dispatch (docs/dispatch.md) -------------------------------------------------------------------------------
+# Launching is dispatch's, above this app, and no booking may go without it: these are required hooks, so an
+# installation without dispatch fails the booking loudly rather than booking windows nothing ever opens. Both
+# run inside the booking's (or the change's) transaction; dispatch acts once it commits.
+# (reservation, now): a booking committed; dispatch opens its window on time.
+booked: RequiredHook[[Any, Any], None] = RequiredHook("reservations.booked", provider="controlplane.dispatch")
+# (reservation): a cancel, release or extension; dispatch re-sends the desired state of its servers.
+changed: RequiredHook[[Any], None] = RequiredHook("reservations.changed", provider="controlplane.dispatch")

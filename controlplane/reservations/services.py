@@ -327,16 +327,12 @@ def _loaded(qs: QuerySet[Any], rows: list[Any]) -> QuerySet[Any]:
 
 
 def _dispatch_booked(reservation: Reservation, *, now: datetime) -> None:
-    # Imported here: dispatch builds on these services, so a module-level import would be a cycle.
-    from controlplane.dispatch.services import dispatch_reservation_booked
-
-    dispatch_reservation_booked(reservation=reservation, now=now)
+    # Dispatch sits above this app and fills the hook in its AppConfig.ready() (docs/design-notes.md, Layers).
+    hooks.booked(reservation, now)
 
 
 def _dispatch_changed(reservation: Reservation) -> None:
-    from controlplane.dispatch.services import dispatch_reservation_changed
-
-    dispatch_reservation_changed(reservation=reservation)
+    hooks.changed(reservation)
 
 
 def _locked(reservation: Reservation) -> Reservation:

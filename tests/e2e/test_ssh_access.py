@@ -25,7 +25,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from controlplane.celery import app as celery_app
-from controlplane.core.management.demo import seed_catalog
+from controlplane.system.management.demo import seed_catalog
 from controlplane.dispatch.models import Launch
 from controlplane.fleet import services as fleet
 from controlplane.inventory.choices import ServerState

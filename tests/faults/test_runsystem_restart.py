@@ -154,7 +154,7 @@ def test_an_agent_whose_credential_is_revoked_is_restarted_with_a_new_join_token
         join_tokens = db.execute("SELECT count(*) FROM fleet_jointoken").fetchone()[0]
     mark = system.mark()
     revoke = (
-        "from controlplane.core.management.demo import operator_user\n"
+        "from controlplane.system.management.demo import operator_user\n"
         "from controlplane.fleet.services import credential_revoke\n"
         "from controlplane.inventory.models import Server\n"
         f"credential_revoke(server=Server.objects.get(hostname={host!r}), actor=operator_user(), reason='test')\n"

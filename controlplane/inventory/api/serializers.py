@@ -92,12 +92,9 @@ class OperatorServerGpuSerializer(OperatorGpuSerializer):
 
     @extend_schema_field(GpuInUseSerializer(allow_null=True))
     def get_in_use(self, obj: Gpu) -> dict[str, object] | None:
-        # The view reads every GPU's holder in one query (``gpus_in_use``) and passes it in the context.
-        in_use = self.context.get("gpus_in_use")
-        if in_use is None:
-            from controlplane.inventory.selectors import gpus_in_use
-
-            in_use = gpus_in_use(gpu_ids=[obj.pk])
+        # The view reads every GPU's holder in one query (``reservations.holders.gpus_in_use``) and passes it
+        # in the context; holders are reservations', an app above this one, so the view must.
+        in_use: dict[int, dict[str, object]] = self.context["gpus_in_use"]
         return in_use.get(obj.pk)
 
 

@@ -8,7 +8,6 @@ router.trailing_slash = "/?"
 router.register("sites", views.SiteViewSet, basename="site")
 router.register("racks", views.RackViewSet, basename="rack")
 router.register("gpu-models", views.GpuModelViewSet, basename="gpu-model")
-router.register("servers", views.ServerViewSet, basename="server")
-router.register("gpus", views.GpuViewSet, basename="gpu")
+# /servers and /gpus: the fleet's console (controlplane.fleet.api.servers).
 
 urlpatterns = router.urls

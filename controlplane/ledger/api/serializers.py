@@ -8,7 +8,6 @@ from rest_framework import serializers
 from controlplane.accounts.models import Project
 from controlplane.core.api.fields import SlugRelatedField
 from controlplane.ledger.models import CREDIT_LIMIT, LedgerEntry, QuotaPolicy
-from controlplane.reservations.models import Reservation
 
 
 class LedgerEntrySerializer(serializers.ModelSerializer):
@@ -91,7 +90,10 @@ class AdjustSerializer(_OperatorMoveSerializer):
 
 
 class RefundSerializer(GrantSerializer):
-    reservation = SlugRelatedField(slug_field="public_id", queryset=Reservation.objects.all())
+    # The reservation model through the ledger's own foreign key: reservations sit above the ledger.
+    reservation = SlugRelatedField(
+        slug_field="public_id", queryset=LedgerEntry._meta.get_field("reservation").related_model._default_manager.all()
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["reservation"].project_id != attrs["project"].pk:

@@ -33,8 +33,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
-from controlplane.core.management.demo import DemoResult, operator_user, seed_demo
-from controlplane.core.management.supervisor import CrashLoop, Supervisor
+from controlplane.system.management.demo import DemoResult, operator_user, seed_demo
+from controlplane.system.management.supervisor import CrashLoop, Supervisor
 
 DEFAULT_FLEET = "sim-h100-01=8xH100-80GB,sim-h100-02=8xH100-80GB,sim-a100-01=4xA100-40GB"
 DEFAULT_BIND = "127.0.0.1:8000"

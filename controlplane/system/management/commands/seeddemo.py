@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from controlplane.core.management.demo import seed_catalog, seed_demo
+from controlplane.system.management.demo import seed_catalog, seed_demo
 
 
 class Command(BaseCommand):

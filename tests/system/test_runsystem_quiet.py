@@ -11,7 +11,7 @@ import pytest
 from celery.platforms import ROOT_DISCOURAGED
 from kombu import Connection
 
-from controlplane.core.management.commands.runsystem import Command
+from controlplane.system.management.commands.runsystem import Command
 
 
 def _command(monkeypatch, *, verbose: bool = False, env: str | None = None) -> Command:  # type: ignore[no-untyped-def]
@@ -40,7 +40,7 @@ def test_verbose_shows_everything(monkeypatch, how):
 
 
 def test_runsystem_verbose_is_read_from_the_environment(monkeypatch):
-    from controlplane.core.management.commands.runsystem import verbose_from_env
+    from controlplane.system.management.commands.runsystem import verbose_from_env
 
     monkeypatch.setenv("RUNSYSTEM_VERBOSE", "yes")
     assert verbose_from_env()
