@@ -68,7 +68,9 @@ def start_gunicorn(env: dict[str, str], *, workers: int, threads: int) -> tuple[
     port = free_port()
     proc = subprocess.Popen(
         [
-            str(ROOT / ".venv/bin/gunicorn"),
+            sys.executable,
+            "-m",
+            "gunicorn",
             "controlplane.wsgi:application",
             "--bind",
             f"127.0.0.1:{port}",

@@ -195,8 +195,8 @@ REST_FRAMEWORK = {
         "controlplane.core.api.parsers.MultiPartParser",
     ],
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
+        "controlplane.core.api.throttling.AnonRateThrottle",
+        "controlplane.core.api.throttling.UserRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env_str("API_THROTTLE_ANON", "120/min"),
