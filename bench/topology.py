@@ -17,6 +17,11 @@ Celery: ``--tasks`` real tasks (``record_usage`` of the booked reservations: a l
 and its usage) published first, then drained by 1 and then 2 worker processes (prefork, concurrency 1 each);
 tasks per second from the first to the last.
 
+CPU per request: each request kind sent in-process (Django's test client, one thread, no HTTP) ``--cost``
+times; the CPU the Python process and its PostgreSQL backend used per request. CPU time, unlike a rate, is
+hardly moved by what else the machine runs, so the sizing table (docs/operations.md, "Sizing") is built
+from it, and printed at the end for 100, 1,000 and 10,000 servers.
+
 The prediction: a web process is one Python interpreter, so it uses at most about one core; a second one adds
 what the machine had idle during the one-process run, up to one more process's worth:
 ``predicted gain = min(2, 1 + idle cores / gunicorn's cores)``, and PostgreSQL's share of the machine grows with
@@ -288,6 +293,73 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
     }
 
 
+def backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def phase_cost(fixture: dict[str, Any], n: int) -> dict[str, tuple[float, float]]:
+    """(web ms, PostgreSQL ms) of CPU per request of each kind, in-process, one request at a time."""
+    from django.db import connection
+    from django.test import Client
+    from ingest import heartbeat_body, sample_rows
+
+    host = sorted(fixture["credentials"])[0]
+    agent = Client(HTTP_AUTHORIZATION=f"Bearer {fixture['credentials'][host]}")
+    user = Client(HTTP_AUTHORIZATION=f"Bearer {fixture['token']}")
+    clock = fixture["clock"]
+    rng = random.Random(5)
+
+    def heartbeat() -> None:
+        start = clock[host]
+        clock[host] = start + timedelta(seconds=5)
+        beat = int(start.timestamp())
+        body = heartbeat_body(host, beat, GPUS, sample_rows(host, GPUS, 5, start, beat))
+        assert agent.post("/api/v1/agent/heartbeat", body, content_type="application/json").status_code == 200
+
+    def me() -> None:
+        assert user.get("/api/v1/me/").status_code == 200
+
+    def booking() -> None:
+        start = datetime.now(UTC) + timedelta(minutes=rng.randint(5, 30 * 24 * 60))
+        body = {
+            "project": fixture["slugs"][0],
+            "name": "bench",
+            "spec": {"gpu_model": MODEL, "gpu_count": rng.choice([1, 2, 4, 8])},
+            "window": {"start": start.isoformat(), "end": (start + timedelta(hours=rng.randint(1, 4))).isoformat()},
+            "container": {"image": "bench:1", "command": ["sleep", "1"]},
+        }
+        assert user.post("/api/v1/reservations/", body, content_type="application/json").status_code in (201, 409)
+
+    out = {}
+    for name, call in (("heartbeat", heartbeat), ("me", me), ("booking", booking)):
+        for _ in range(20):  # connection, prepared statements, caches
+            call()
+        pid = connection.connection.info.backend_pid
+        web0, pg0 = time.process_time(), backend_cpu(pid)
+        for _ in range(n):
+            call()
+        out[name] = (1000 * (time.process_time() - web0) / n, 1000 * (backend_cpu(pid) - pg0) / n)
+    connection.close()
+    return out
+
+
+def sizing(cost: dict[str, tuple[float, float]], celery_rate: float) -> None:
+    """Cores for 100, 1,000 and 10,000 servers of 8 GPUs at the agent's 5 s cadence, at 60% utilisation."""
+    web_ms, pg_ms = cost["heartbeat"]
+    book_web, book_pg = cost["booking"]
+    print()
+    print("sizing at 60% utilisation, 8 GPUs a server, heartbeats every 5 s, one booking a second per 1,000 servers:")
+    print(f"{'servers':>8} {'beats/s':>8} {'web cores':>9} {'PG cores':>8} {'minute rows/day':>15}")
+    for servers in (100, 1_000, 10_000):
+        beats = servers / 5
+        bookings = servers / 1000
+        web = (beats * web_ms + bookings * book_web) / 1000 / 0.6
+        pg = (beats * pg_ms + bookings * book_pg) / 1000 / 0.6
+        print(f"{servers:>8,} {beats:>8,.0f} {web:>9.1f} {pg:>8.1f} {servers * 8 * 1440:>15,}")
+    print(f"Celery: {celery_rate:,.0f} record_usage tasks/s per worker process measured here")
+
+
 def predicted(one: dict[str, float]) -> float:
     return min(2.0, 1.0 + one["idle_cores"] / one["web_cores"]) if one["web_cores"] else float("nan")
 
@@ -299,9 +371,17 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=64, help="enrolled nodes sending heartbeats")
     parser.add_argument("--tasks", type=int, default=400, help="Celery tasks per Celery run")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each configuration (medians reported)")
+    parser.add_argument("--cost", type=int, default=300, help="in-process requests of each kind for CPU per request")
+    parser.add_argument("--cost-only", action="store_true", help="only the CPU per request and the sizing table")
     args = parser.parse_args()
 
     env, fixture = setup(args)
+    cost = phase_cost(fixture, args.cost)
+    if args.cost_only:
+        for name, (web_ms, pg_ms) in cost.items():
+            print(f"  {name:<10} web {web_ms:5.2f} ms, PostgreSQL backend {pg_ms:5.2f} ms")
+        sizing(cost, float("nan"))
+        return
     print(
         f"{os.cpu_count()} CPUs; gunicorn gthread x {args.threads} threads; {args.servers} nodes x {GPUS} GPUs; "
         f"{args.seconds:g} s per load; {args.repeat} run(s) of each; load average {os.getloadavg()[0]:.2f}",
@@ -369,6 +449,12 @@ def main() -> None:
         cores = median([r["worker_cores"] for r in celery[processes]])
         gain = f"gain {rate / one_c:.2f}x" if processes == 2 else ""
         print(f"Celery, {processes} worker process(es): {rate:,.0f} record_usage tasks/s, {cores:.2f} cores {gain}")
+    print()
+    print("CPU per request, in-process, one at a time (ms of a core):")
+    for load, label in labels.items():
+        web_ms, pg_ms = cost[load]
+        print(f"  {label:<34} web {web_ms:5.2f} ms, PostgreSQL backend {pg_ms:5.2f} ms")
+    sizing(cost, median([r["rate"] for r in celery[1]]))
     print()
     print(
         "gain: the 2-process rate over the 1-process rate (medians); predicted: min(2, 1 + idle cores / web cores) "
