@@ -68,7 +68,9 @@ def start_gunicorn(env: dict[str, str], *, workers: int, threads: int) -> tuple[
     port = free_port()
     proc = subprocess.Popen(
         [
-            str(ROOT / ".venv/bin/gunicorn"),
+            sys.executable,
+            "-m",
+            "gunicorn",
             "controlplane.wsgi:application",
             "--bind",
             f"127.0.0.1:{port}",
@@ -88,6 +90,26 @@ def start_gunicorn(env: dict[str, str], *, workers: int, threads: int) -> tuple[
     )
     wait_for(port, proc)
     return proc, port
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live children (gunicorn's master and
+    its workers), from /proc; 0 where there is no /proc."""
+    clock = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    pids = [pid]
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(c) for c in children]
+    except OSError:
+        return 0.0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / clock  # utime, stime
+    return total
 
 
 def run_threads(target: Callable[..., None], args: Iterable[tuple[Any, ...]]) -> float:
@@ -165,5 +187,6 @@ def http_floor(
         "failures": failures[0],
         "rate": len(latencies) / elapsed,
         "p50": 1000 * pct(latencies, 0.50),
+        "p95": 1000 * pct(latencies, 0.95),
         "p99": 1000 * pct(latencies, 0.99),
     }

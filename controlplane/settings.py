@@ -121,7 +121,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 elif _db["ENGINE"] == "django.db.backends.postgresql":
     # A persistent connection that PostgreSQL dropped while it sat idle (a restart, a failover, an idle
     # timeout) would fail the first request of every web thread that holds one: each request tests its
-    # connection with one cheap round trip before use, and reconnects instead.
+    # connection before use, and reconnects instead. The backend asks the socket first and the server only
+    # when the socket has something to say (controlplane/core/postgresql/base.py): no round trip per request.
+    _db["ENGINE"] = "controlplane.core.postgresql"
     _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {})
     # Parameters bound on the server, and a statement prepared once it ran 5 times on a connection: PostgreSQL
@@ -197,8 +199,8 @@ REST_FRAMEWORK = {
         "controlplane.core.api.parsers.MultiPartParser",
     ],
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
+        "controlplane.core.api.throttling.AnonRateThrottle",
+        "controlplane.core.api.throttling.UserRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env_str("API_THROTTLE_ANON", "120/min"),
