@@ -25,10 +25,20 @@ def reservations_visible_to(user: Any) -> QuerySet[Reservation]:
     return Reservation.objects.filter(project__in=projects_visible_to(user))
 
 
-def _spec_q(spec: GpuSpec, prefix: str = "") -> Q:
+def spec_q(spec: GpuSpec, prefix: str = "") -> Q:
+    """A GPU of the spec's model, or with at least its memory, whatever its health (``prefix``: the path to
+    the GPU from another model, e.g. ``"gpus__"`` from a server)."""
     if spec.gpu_model_id is not None:
         return Q(**{f"{prefix}model_id": spec.gpu_model_id})
     return Q(**{f"{prefix}memory_mib__gte": spec.min_memory_mib})
+
+
+def gpu_matches(spec: GpuSpec, prefix: str = "") -> Q:
+    """The one definition of a GPU that matches a booking's spec: healthy, and of its model or memory.
+
+    Placement, the earliest-window search and capacity all use it; the hand-written candidate reads below
+    compile it to SQL (``_match_sql``) rather than spelling it again."""
+    return spec_q(spec, prefix) & Q(**{f"{prefix}health": GpuHealth.HEALTHY})
 
 
 def placeable_gpus(spec: GpuSpec) -> QuerySet[Gpu]:
@@ -38,17 +48,13 @@ def placeable_gpus(spec: GpuSpec) -> QuerySet[Gpu]:
     """
     qs = Gpu.objects.filter(server__state=ServerState.READY, present=True)
     if spec.whole_servers is None:
-        qs = qs.filter(_spec_q(spec), health=GpuHealth.HEALTHY)
+        qs = qs.filter(gpu_matches(spec))
     return qs
 
 
 def overlapping(qs: QuerySet[Allocation], starts_at: datetime, ends_at: datetime) -> QuerySet[Allocation]:
     """Active allocations whose ``[starts_at, ends_at)`` meets the given half-open window."""
     return qs.filter(active=True, starts_at__lt=ends_at, ends_at__gt=starts_at)
-
-
-def _matches_q(spec: GpuSpec) -> Q:
-    return _spec_q(spec) & Q(health=GpuHealth.HEALTHY)
 
 
 def _busy_exists(starts_at: datetime, ends_at: datetime) -> Exists:
@@ -64,23 +70,25 @@ class _ServerCount:
     free: int  # of those, free for the whole window
 
 
-# The candidate reads are written by hand: they run on every booking, and building them through the ORM cost
-# several times what the database spends answering them. They are plain SQL that both databases run (the
-# equivalence tests compare them with the ORM version kept in tests/reservations/candidates_reference.py).
+# The candidate reads are written as SQL: they run on every booking, and building them through the ORM cost
+# several times what the database spends answering them. The GPU table is named, not aliased, so that the
+# matching predicate compiled from ``gpu_matches`` (which names its columns by table) drops straight in.
 _GPU = Gpu._meta.db_table
 _SERVER = Server._meta.db_table
 _ALLOCATION = Allocation._meta.db_table
-# Over a GPU ``g``: an active allocation meets the window (parameters: its end, its start).
+_G = f'"{_GPU}"'
+# Over the GPU row: an active allocation meets the window (parameters: its end, its start).
 _BUSY_SQL = (
-    f"EXISTS (SELECT 1 FROM {_ALLOCATION} a WHERE a.gpu_id = g.id AND a.active AND a.starts_at < %s AND a.ends_at > %s)"  # noqa: S608 - table name from metadata
+    f"EXISTS (SELECT 1 FROM {_ALLOCATION} a WHERE a.gpu_id = {_G}.id AND a.active "  # noqa: S608 - names from metadata
+    "AND a.starts_at < %s AND a.ends_at > %s)"
 )
 
 
 def _match_sql(spec: GpuSpec) -> tuple[str, list[Any]]:
-    """``_matches_q`` as SQL over ``g``: healthy and of the spec's model or memory."""
-    if spec.gpu_model_id is not None:
-        return "(g.health = %s AND g.model_id = %s)", [GpuHealth.HEALTHY.value, spec.gpu_model_id]
-    return "(g.health = %s AND g.memory_mib >= %s)", [GpuHealth.HEALTHY.value, spec.min_memory_mib]
+    """``gpu_matches(spec)`` as SQL over the GPU table, compiled by Django from the one definition."""
+    query = Gpu.objects.filter(gpu_matches(spec)).query
+    sql, params = query.where.as_sql(query.get_compiler(connection=connection), connection)
+    return f"({sql})", list(params)
 
 
 def _window_params(window: Window) -> list[Any]:
@@ -95,10 +103,10 @@ def _server_counts(spec: GpuSpec, window: Window) -> list[_ServerCount]:
     # A GPU count only looks at matching GPUs (placeable_gpus); whole servers at every present one.
     only_matching = f" AND {match}" if spec.whole_servers is None else ""
     sql = (
-        f"SELECT g.server_id, s.hostname, COUNT(*), SUM(CASE WHEN {match} THEN 1 ELSE 0 END), "  # noqa: S608 - fixed SQL; values are parameters
+        f"SELECT {_G}.server_id, s.hostname, COUNT(*), SUM(CASE WHEN {match} THEN 1 ELSE 0 END), "  # noqa: S608 - fixed SQL; values are parameters
         f"SUM(CASE WHEN {match} AND NOT {_BUSY_SQL} THEN 1 ELSE 0 END) "
-        f"FROM {_GPU} g INNER JOIN {_SERVER} s ON s.id = g.server_id "
-        f"WHERE g.present AND s.state = %s{only_matching} GROUP BY g.server_id, s.hostname"
+        f"FROM {_G} INNER JOIN {_SERVER} s ON s.id = {_G}.server_id "
+        f"WHERE {_G}.present AND s.state = %s{only_matching} GROUP BY {_G}.server_id, s.hostname"
     )
     params = [*match_params, *match_params, *_window_params(window), ServerState.READY.value]
     if only_matching:
@@ -128,10 +136,10 @@ def _build(spec: GpuSpec, window: Window, servers: list[_ServerCount]) -> list[S
     match, match_params = _match_sql(spec)
     ids = [c.id for c in servers]
     sql = (
-        f'SELECT g.id, g.server_id, g."index", g.numa_node, g.nvlink_peers, g.uuid '  # noqa: S608 - fixed SQL; values are parameters
-        f"FROM {_GPU} g INNER JOIN {_SERVER} s ON s.id = g.server_id "
-        f"WHERE g.present AND g.server_id IN ({', '.join(['%s'] * len(ids))}) AND {match} AND NOT {_BUSY_SQL} "
-        'ORDER BY s.hostname, g."index"'
+        f'SELECT {_G}.id, {_G}.server_id, {_G}."index", {_G}.numa_node, {_G}.nvlink_peers, {_G}.uuid '  # noqa: S608 - fixed SQL; values are parameters
+        f"FROM {_G} INNER JOIN {_SERVER} s ON s.id = {_G}.server_id "
+        f"WHERE {_G}.present AND {_G}.server_id IN ({', '.join(['%s'] * len(ids))}) AND {match} AND NOT {_BUSY_SQL} "
+        f'ORDER BY s.hostname, {_G}."index"'
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*ids, *match_params, *_window_params(window)])

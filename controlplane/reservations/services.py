@@ -39,7 +39,7 @@ from controlplane.reservations import capacity, costs, hooks
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
-from controlplane.reservations.selectors import _BUSY_SQL, _window_params, candidate_servers, overlapping
+from controlplane.reservations.selectors import _BUSY_SQL, _G, _window_params, candidate_servers, overlapping
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 # How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
@@ -124,18 +124,18 @@ def _share_lock_gpus(gpu_ids: list[int]) -> None:
 
 
 _REREAD_SQL = (
-    'SELECT g.id, g.uuid, g."index", g.server_id, s.hostname, g.model_id, m.name, m.billing_weight, '  # noqa: S608 - names from metadata; values are parameters
-    "g.present AND g.health = %s AND s.state = %s, "
-    f"{_BUSY_SQL} FROM {Gpu._meta.db_table} g "
-    f"INNER JOIN {Server._meta.db_table} s ON s.id = g.server_id "
-    f"INNER JOIN {GpuModel._meta.db_table} m ON m.id = g.model_id WHERE g.id IN "
+    f'SELECT {_G}.id, {_G}.uuid, {_G}."index", {_G}.server_id, s.hostname, {_G}.model_id, m.name, '  # noqa: S608 - names from metadata; values are parameters
+    f"m.billing_weight, {_G}.present AND {_G}.health = %s AND s.state = %s, "
+    f"{_BUSY_SQL} FROM {_G} "
+    f"INNER JOIN {Server._meta.db_table} s ON s.id = {_G}.server_id "
+    f"INNER JOIN {GpuModel._meta.db_table} m ON m.id = {_G}.model_id WHERE {_G}.id IN "
 )
 
 
 def _reread(gpu_ids: list[int], window: Window) -> tuple[dict[int, Gpu], set[int]]:
     """The chosen GPUs as they are now, with their server and model, and those no longer bookable for the
     window: allocated meanwhile, unhealthy, gone, or on a server that left ``ready``."""
-    sql = _REREAD_SQL + "(" + ", ".join(["%s"] * len(gpu_ids)) + ") ORDER BY g.id"
+    sql = _REREAD_SQL + "(" + ", ".join(["%s"] * len(gpu_ids)) + f") ORDER BY {_G}.id"
     params = [GpuHealth.HEALTHY.value, ServerState.READY.value, *_window_params(window), *gpu_ids]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
