@@ -137,9 +137,9 @@ def _build(spec: GpuSpec, window: Window, servers: list[_ServerCount]) -> list[S
     ids = [c.id for c in servers]
     sql = (
         f'SELECT {_G}.id, {_G}.server_id, {_G}."index", {_G}.numa_node, {_G}.nvlink_peers, {_G}.uuid '  # noqa: S608 - fixed SQL; values are parameters
-        f"FROM {_G} INNER JOIN {_SERVER} s ON s.id = {_G}.server_id "
-        f"WHERE {_G}.present AND {_G}.server_id IN ({', '.join(['%s'] * len(ids))}) AND {match} AND NOT {_BUSY_SQL} "
-        f'ORDER BY s.hostname, {_G}."index"'
+        # The servers come back in the given order below; only the GPUs' order within one is the query's.
+        f"FROM {_G} WHERE {_G}.present AND {_G}.server_id IN ({', '.join(['%s'] * len(ids))}) AND {match} "
+        f'AND NOT {_BUSY_SQL} ORDER BY {_G}.server_id, {_G}."index"'
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*ids, *match_params, *_window_params(window)])
@@ -171,7 +171,70 @@ def candidate_servers(spec: GpuSpec, window: Window, *, shortlist: int | None = 
     With ``shortlist`` (the default), a GPU count that fits one server sees only the best-fitting servers,
     which is all the placement rule picks from; ``None`` returns every server with a free matching GPU.
     """
+    if shortlist is not None:
+        fitting = _fitting_from_summary(spec, window, shortlist)
+        if fitting is not None:
+            return _build(spec, window, fitting)
     return _build(spec, window, _shortlist(spec, _server_counts(spec, window), shortlist))
+
+
+# Over allocations ``a`` joined to their GPU: the active ones that meet the window, through the GiST index on
+# their periods (migration 0004).
+_SUMMARY_SQL = f"""
+    WITH busy AS (
+        SELECT g.server_id, COUNT(*) AS n
+        FROM (
+            SELECT DISTINCT a.gpu_id FROM {_ALLOCATION} a
+            WHERE a.active AND tstzrange(a.starts_at, a.ends_at, '[)') && tstzrange(%s, %s, '[)')
+        ) a
+        -- One primary-key read per busy GPU (OFFSET 0 keeps the planner from scanning every GPU instead).
+        CROSS JOIN LATERAL (
+            SELECT {_G}.server_id FROM {_G} WHERE {_G}.id = a.gpu_id AND {_G}.present AND {{match}} OFFSET 0
+        ) g
+        GROUP BY g.server_id
+    ),
+    fit AS (
+        SELECT c.server_id, c.hostname, c.healthy, c.healthy - b.n AS free
+        FROM busy b
+        INNER JOIN reservations_server_capacity c ON c.server_id = b.server_id AND c.model_id = %s AND c.ready
+        WHERE c.healthy - b.n >= %s
+        UNION ALL
+        (SELECT c.server_id, c.hostname, c.healthy, c.healthy FROM reservations_server_capacity c
+         WHERE c.ready AND c.model_id = %s AND c.healthy >= %s AND c.server_id NOT IN (SELECT server_id FROM busy)
+         ORDER BY c.healthy, c.hostname LIMIT %s)
+    )
+    -- The hostnames compare as Python compares them (the column's collation is "C").
+    (SELECT server_id, hostname, healthy, free, NULL::integer FROM fit ORDER BY free, hostname LIMIT %s)
+    UNION ALL
+    -- Last: the most matching GPUs on one server, to tell whether the count fits one at all.
+    SELECT NULL, NULL, NULL, NULL, MAX(healthy) FROM reservations_server_capacity WHERE ready AND model_id = %s
+"""  # noqa: S608 - names from metadata and the compiled predicate; values are parameters
+
+
+def _fitting_from_summary(spec: GpuSpec, window: Window, limit: int) -> list[_ServerCount] | None:
+    """PostgreSQL, a count of GPUs of one model: ``_shortlist(spec, _server_counts(spec, window), limit)``
+    read without looking at every server. None when this read does not apply; the caller reads the GPUs.
+
+    A server holding no allocation in the window has all its matching GPUs free, which the summary of
+    capacity per server and model counts (migration 0004); so the best-fitting of those are the first few
+    in the summary's (count, hostname) order, and only the servers with an allocation in the window, found
+    from the allocations' side, have their free GPUs counted. The shortlist's order, (free - count,
+    hostname), then picks from both exactly as it would from every server."""
+    if connection.vendor != "postgresql" or spec.gpu_model_id is None or spec.whole_servers is not None:
+        return None
+    count = spec.gpu_count or 1
+    match, match_params = _match_sql(spec)
+    start, end = _window_params(window)[::-1]
+    model = spec.gpu_model_id
+    params = [start, end, *match_params, model, count, model, count, limit, limit, model]
+    with connection.cursor() as cursor:
+        cursor.execute(_SUMMARY_SQL.format(match=match), params)
+        found = cursor.fetchall()
+    largest = next((row[4] for row in found if row[0] is None), None) or 0
+    if count > largest:
+        return None  # several servers' GPUs together, or none at all: the general read decides
+    counts = [_ServerCount(sid, host, n, n, free) for sid, host, n, free, _ in found if sid is not None]
+    return sorted(counts, key=lambda c: (c.free - count, c.hostname))[:limit]
 
 
 @dataclass(frozen=True)
