@@ -1,23 +1,25 @@
-"""Bookings through the real HTTP API beside raw INSERTs into an exclusion-constrained table, and the
-earliest-window search on a large fleet.
+"""Booking cost against fleet size: bookings through the service and over HTTP, and the earliest-window
+search, on fleets of 64, 1,000 and 10,000 servers, beside the raw floor and the stack's floor.
 
-    .venv/bin/python bench/booking.py [--seconds 15] [--clients 8] [--workers 2] [--threads 4] [--searches 60]
-                             [--phases api,raw,search]
+    .venv/bin/python bench/booking.py [--sweep 64,1000,10000 | --servers N | --quick] [--seconds 8]
+                             [--clients 8] [--workers 2] [--threads 4] [--searches 40] [--allocations-per-gpu 1.25]
 
 DATABASE_URL (default postgres://postgres@127.0.0.1:5432/bench_booking) must be PostgreSQL; the database is
 dropped and created afresh on every run, as ledger entries cannot be deleted.
 
-Phase 1 starts gunicorn (threaded workers, keep-alive) on a free 127.0.0.1 port and has ``--clients`` threads,
-each with its own project and keep-alive session, POST /api/v1/reservations for random windows over the next
-30 days (1, 2, 4 or 8 GPUs) on their own 64 x 8 GPU pool: once without and once with an Idempotency-Key, as
-automation sends. Phase 2 has the same
-number of threads INSERT rows straight into a table with the same exclusion constraint (the ceiling for a
-booking at all). Phase 3 times the earliest-window search on 1,000 servers x 8 GPUs holding 50,000 future
-allocations. Goals: API >= 10% of the raw rate with p99 < 50 ms; search p95 < 100 ms.
+Each fleet size, smallest first, gets its own GPU model and servers of 8 GPUs, holding
+``--allocations-per-gpu`` future allocations per GPU over the next 30 days (1.25: 100,000 on 10,000
+servers), loaded with bulk inserts in big batches. On it, bookings of random windows over the next 30 days
+(1, 2, 4 or 8 GPUs): by calling services.reservation_create (the service; one thread unless
+``--service-clients``, so that its figures are a booking's cost), then from ``--clients`` threads, each
+with its own project, over POST /api/v1/reservations/ (gunicorn, threaded workers, keep-alive sessions:
+HTTP); then ``--searches`` earliest-window searches (1, 2, 4, 8 GPUs; 1 to 24 hours; within a week).
+Goals (issue 16): at 10,000 servers the booking p50 at most 1.5x the p50 at 64, through the service and
+over HTTP, and the search's p95 at most 100 ms.
 
-With the API phases, the stack's floor on the same web server: GET /livez (Django's middleware, no database)
-and GET /api/v1/me/ (DRF with token authentication and one read), as fast as they answer: the most requests per
-second any endpoint could take here, read against the same raw rate.
+The baselines, once per run: raw INSERTs into a table with the same exclusion constraint (the ceiling for a
+booking at all), and GET /api/v1/me/ on the same gunicorn (DRF, token authentication, one read: what any
+request costs before an endpoint does its work).
 """
 
 from __future__ import annotations
@@ -29,30 +31,32 @@ import statistics
 import sys
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
 from _common import django_on_fresh_database, http_floor, pct, run_threads, start_gunicorn
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
-API_MODEL, SEARCH_MODEL = "A100-80GB", "H100-80GB"
+GPUS_PER_SERVER = 8
+SIZES = (64, 1000, 10_000)
 
 
-def build_fleet(model_name: str, servers: int, gpus: int, prefix: str) -> list[int]:
+def build_fleet(model_name: str, servers: int, prefix: str) -> list[int]:
+    """``servers`` ready servers of 8 GPUs of a model of their own, two NUMA nodes of four NVLinked GPUs."""
     from controlplane.inventory.choices import ServerState
     from controlplane.inventory.models import Gpu, GpuModel, Server
 
-    model, _ = GpuModel.objects.get_or_create(
-        name=model_name, defaults={"product_name": f"NVIDIA {model_name}", "memory_mib": 81920, "billing_weight": 1}
+    model = GpuModel.objects.create(
+        name=model_name, product_name=f"NVIDIA {model_name}", memory_mib=81920, billing_weight=1
     )
     rows = Server.objects.bulk_create(
-        Server(hostname=f"{prefix}-{i:04d}", state=ServerState.READY) for i in range(servers)
+        (Server(hostname=f"{prefix}-{i:05d}", state=ServerState.READY) for i in range(servers)), batch_size=5000
     )
+    half = GPUS_PER_SERVER // 2
     gpu_rows = []
     for srv in rows:
-        uuids = [f"GPU-{srv.hostname}-{g}" for g in range(gpus)]
-        for g in range(gpus):
-            half = range(0, gpus // 2) if g < gpus // 2 else range(gpus // 2, gpus)
+        uuids = [f"GPU-{srv.hostname}-{g}" for g in range(GPUS_PER_SERVER)]
+        for g in range(GPUS_PER_SERVER):
+            side = range(0, half) if g < half else range(half, GPUS_PER_SERVER)
             gpu_rows.append(
                 Gpu(
                     server=srv,
@@ -61,55 +65,60 @@ def build_fleet(model_name: str, servers: int, gpus: int, prefix: str) -> list[i
                     model=model,
                     product_name=model.product_name,
                     memory_mib=81920,
-                    numa_node=0 if g < gpus // 2 else 1,
-                    nvlink_peers=[uuids[p] for p in half if p != g],
+                    numa_node=0 if g < half else 1,
+                    nvlink_peers=[uuids[p] for p in side if p != g],
                 )
             )
-    Gpu.objects.bulk_create(gpu_rows, batch_size=2000)
+    Gpu.objects.bulk_create(gpu_rows, batch_size=10_000)
     return list(Gpu.objects.filter(model=model).values_list("pk", flat=True))
 
 
-def fill_allocations(project_id: int, gpu_ids: list[int], total: int, days: int, seed: int) -> int:
-    """``total`` future allocations spread over the GPUs, never overlapping on one GPU (1 to 12 hours each)."""
+def fill_allocations(project_id: int, model_name: str, gpu_ids: list[int], total: int, seed: int) -> int:
+    """``total`` future allocations spread over the GPUs and the next 30 days, never overlapping on one GPU
+    (1 to 12 hours each), each with its reservation, in big bulk inserts."""
+    from django.db import transaction
+
     from controlplane.inventory.models import GpuModel
     from controlplane.reservations.choices import ReservationState
     from controlplane.reservations.models import Allocation, Reservation
 
     rng = random.Random(seed)
-    model = GpuModel.objects.get(name=SEARCH_MODEL)
+    model = GpuModel.objects.get(name=model_name)
     now = datetime.now(UTC)
     per_gpu, extra = divmod(total, len(gpu_ids))
     spans: list[tuple[int, datetime, datetime]] = []
     for n, gpu_id in enumerate(gpu_ids):
-        cursor = now + timedelta(minutes=rng.randint(0, 600))
-        for _ in range(per_gpu + (1 if n < extra else 0)):
-            start = cursor + timedelta(minutes=rng.randint(0, 18 * 60))
-            end = start + timedelta(minutes=rng.randint(60, 12 * 60))
-            spans.append((gpu_id, start, end))
-            cursor = end
-    reservations = Reservation.objects.bulk_create(
-        (
-            Reservation(
-                project_id=project_id,
-                name="filler",
-                gpu_model=model,
-                gpu_count=1,
-                starts_at=a,
-                ends_at=b,
-                image="filler",
-                state=ReservationState.SCHEDULED,
-            )
-            for _, a, b in spans
-        ),
-        batch_size=5000,
-    )
-    Allocation.objects.bulk_create(
-        (
-            Allocation(reservation=r, gpu_id=g, starts_at=a, ends_at=b)
-            for r, (g, a, b) in zip(reservations, spans, strict=True)
-        ),
-        batch_size=5000,
-    )
+        k = per_gpu + (1 if n < extra else 0)
+        if not k:
+            continue
+        stride = 30 * 24 * 60 // k  # minutes of the 30 days each allocation of this GPU may use
+        for j in range(k):
+            start = now + timedelta(minutes=j * stride + rng.randint(0, max(0, stride - 12 * 60)))
+            spans.append((gpu_id, start, start + timedelta(minutes=rng.randint(60, min(12 * 60, stride)))))
+    with transaction.atomic():
+        reservations = Reservation.objects.bulk_create(
+            (
+                Reservation(
+                    project_id=project_id,
+                    name="filler",
+                    gpu_model=model,
+                    gpu_count=1,
+                    starts_at=a,
+                    ends_at=b,
+                    image="filler",
+                    state=ReservationState.SCHEDULED,
+                )
+                for _, a, b in spans
+            ),
+            batch_size=10_000,
+        )
+        Allocation.objects.bulk_create(
+            (
+                Allocation(reservation=r, gpu_id=g, starts_at=a, ends_at=b)
+                for r, (g, a, b) in zip(reservations, spans, strict=True)
+            ),
+            batch_size=10_000,
+        )
     return len(spans)
 
 
@@ -117,8 +126,81 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def phase_api(
-    args: argparse.Namespace, env: dict[str, str], token: str, slugs: list[str], *, idempotency_keys: bool
+def _window(rng: random.Random) -> tuple[datetime, datetime]:
+    start = datetime.now(UTC) + timedelta(minutes=rng.randint(5, 30 * 24 * 60))
+    return start, start + timedelta(minutes=rng.randint(60, 240))
+
+
+def _summary(latencies: list[float], counts: dict[str, int], elapsed: float) -> dict[str, float]:
+    return {
+        **counts,
+        "seconds": elapsed,
+        "rate": counts["created"] / elapsed,
+        "p50": 1000 * pct(latencies, 0.50),
+        "p95": 1000 * pct(latencies, 0.95),
+        "p99": 1000 * pct(latencies, 0.99),
+    }
+
+
+def phase_service(args: argparse.Namespace, model_name: str, project_ids: list[int], user_id: int) -> dict[str, float]:
+    """Bookings by calling the service, one thread (and database connection) per project."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from controlplane.accounts.models import Project
+    from controlplane.core.errors import Conflict
+    from controlplane.inventory.models import GpuModel
+    from controlplane.reservations.services import reservation_create
+    from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+
+    model_id = GpuModel.objects.get(name=model_name).pk
+    user = get_user_model().objects.get(pk=user_id)
+    latencies: list[float] = []
+    counts = {"created": 0, "conflict": 0, "errors": 0}
+    lock = threading.Lock()
+    deadline = time.monotonic() + args.seconds
+
+    def client(seed: int) -> None:
+        rng = random.Random(seed)
+        project = Project.objects.get(pk=project_ids[seed % len(project_ids)])
+        container = ContainerSpec(image="bench:1", command=["sleep", "1"])
+        mine: list[float] = []
+        mine_counts = {"created": 0, "conflict": 0, "errors": 0}
+        try:
+            while time.monotonic() < deadline:
+                start, end = _window(rng)
+                spec = GpuSpec(gpu_model_id=model_id, gpu_count=rng.choice([1, 2, 4, 8]))
+                t0 = time.perf_counter()
+                try:
+                    reservation_create(
+                        project=project,
+                        name="bench",
+                        spec=spec,
+                        window=Window(start, end),
+                        container=container,
+                        actor=user,
+                    )
+                    mine_counts["created"] += 1
+                except Conflict:
+                    mine_counts["conflict"] += 1
+                except Exception as exc:
+                    mine_counts["errors"] += 1
+                    if mine_counts["errors"] <= 2:
+                        print("error", type(exc).__name__, str(exc)[:300], file=sys.stderr)
+                mine.append(time.perf_counter() - t0)
+        finally:
+            connection.close()
+        with lock:
+            latencies.extend(mine)
+            for key, value in mine_counts.items():
+                counts[key] += value
+
+    elapsed = run_threads(client, [(i,) for i in range(args.service_clients)])
+    return _summary(latencies, counts, elapsed)
+
+
+def phase_http(
+    args: argparse.Namespace, env: dict[str, str], token: str, slugs: list[str], model_name: str
 ) -> dict[str, float]:
     import requests
 
@@ -131,25 +213,20 @@ def phase_api(
         deadline = time.monotonic() + args.seconds
 
         def client(seed: int) -> None:
-            rng = random.Random(seed)
+            rng = random.Random(1000 + seed)
             session = requests.Session()
             session.headers["Authorization"] = f"Bearer {token}"
             while time.monotonic() < deadline:
-                start = datetime.now(UTC) + timedelta(minutes=rng.randint(5, 30 * 24 * 60))
+                start, end = _window(rng)
                 body = {
                     "project": slugs[seed % len(slugs)],
                     "name": "bench",
-                    "spec": {"gpu_model": API_MODEL, "gpu_count": rng.choice([1, 2, 4, 8])},
-                    "window": {
-                        "start": start.isoformat(),
-                        "end": (start + timedelta(minutes=rng.randint(60, 240))).isoformat(),
-                    },
+                    "spec": {"gpu_model": model_name, "gpu_count": rng.choice([1, 2, 4, 8])},
+                    "window": {"start": start.isoformat(), "end": end.isoformat()},
                     "container": {"image": "bench:1", "command": ["sleep", "1"]},
                 }
-                # Automation sends an Idempotency-Key so that a retry after a timeout cannot book twice.
-                headers = {"Idempotency-Key": f"bench-{seed}-{uuid.uuid4()}"} if idempotency_keys else {}
                 t0 = time.perf_counter()
-                r = session.post(url, json=body, headers=headers, timeout=30)
+                r = session.post(url, json=body, timeout=60)
                 elapsed = time.perf_counter() - t0
                 with lock:
                     latencies.append(elapsed)
@@ -166,30 +243,20 @@ def phase_api(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {
-        **counts,
-        "seconds": elapsed,
-        "rate": counts["created"] / elapsed,
-        "p50": 1000 * pct(latencies, 0.50),
-        "p99": 1000 * pct(latencies, 0.99),
-    }
+    return _summary(latencies, counts, elapsed)
 
 
-def phase_floor(args: argparse.Namespace, env: dict[str, str], token: str) -> dict[str, dict[str, float]]:
-    """The stack's floor on the same kind of web server: what a request costs before an endpoint does any work."""
+def phase_floor(args: argparse.Namespace, env: dict[str, str], token: str) -> dict[str, float]:
+    """GET /api/v1/me/ on the same kind of web server: what a request costs before an endpoint does any work."""
     proc, port = start_gunicorn(env, workers=args.workers, threads=args.threads)
     try:
-        seconds = min(args.seconds, 10.0)
-        return {
-            "GET /livez (Django, no database)": http_floor(port, path="/livez", clients=args.clients, seconds=seconds),
-            "GET /api/v1/me/ (DRF, token auth, one read)": http_floor(
-                port,
-                path="/api/v1/me/",
-                clients=args.clients,
-                seconds=seconds,
-                headers={"Authorization": f"Bearer {token}"},
-            ),
-        }
+        return http_floor(
+            port,
+            path="/api/v1/me/",
+            clients=args.clients,
+            seconds=args.seconds,
+            headers={"Authorization": f"Bearer {token}"},
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -230,35 +297,30 @@ def phase_raw(url: str, args: argparse.Namespace) -> dict[str, float]:
     elapsed = run_threads(writer, [(i,) for i in range(args.clients)])
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("DROP TABLE bench_raw_allocation")
-    return {
-        "created": len(latencies),
-        "seconds": elapsed,
-        "rate": len(latencies) / elapsed,
-        "p50": 1000 * pct(latencies, 0.50),
-        "p99": 1000 * pct(latencies, 0.99),
-    }
+    return _summary(latencies, {"created": len(latencies)}, elapsed)
 
 
-def phase_search(args: argparse.Namespace) -> dict[str, float]:
+def phase_search(args: argparse.Namespace, model_name: str) -> dict[str, float]:
+    from django.db import connection
     from django.utils import timezone
 
     from controlplane.inventory.models import GpuModel
     from controlplane.reservations.specs import GpuSpec
     from controlplane.reservations.windows import earliest_window
 
-    model = GpuModel.objects.get(name=SEARCH_MODEL)
+    model = GpuModel.objects.get(name=model_name)
     rng = random.Random(7)
     times: list[float] = []
     found = 0
     for i in range(args.searches):
-        count = [1, 2, 4, 8][i % 4]
-        spec = GpuSpec(gpu_model_id=model.pk, gpu_count=count)
+        spec = GpuSpec(gpu_model_id=model.pk, gpu_count=[1, 2, 4, 8][i % 4])
         t0 = time.perf_counter()
         result = earliest_window(
             spec, duration=timedelta(hours=rng.choice([1, 4, 12, 24])), within=timedelta(days=7), now=timezone.now()
         )
         times.append(time.perf_counter() - t0)
         found += result is not None
+    connection.close()
     return {
         "n": len(times),
         "found": found,
@@ -271,21 +333,33 @@ def phase_search(args: argparse.Namespace) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=15.0, help="length of the API and raw phases")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients / raw writers")
+    parser.add_argument("--sweep", default=",".join(str(n) for n in SIZES), help="fleet sizes, in servers")
+    parser.add_argument("--servers", type=int, help="one fleet size instead of the sweep")
+    parser.add_argument("--quick", action="store_true", help="the sweep without 10,000 servers, 3 s phases")
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each booking, raw and floor phase")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients / raw writers")
+    parser.add_argument(
+        "--service-clients",
+        type=int,
+        default=1,
+        help="threads calling the service (one: a booking's own cost, not the wait for the GIL)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (2 to 4 on 2 cores)")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
-    parser.add_argument("--searches", type=int, default=60)
-    parser.add_argument("--search-servers", type=int, default=1000)
-    parser.add_argument("--search-allocations", type=int, default=50_000)
-    parser.add_argument(
-        "--phases", default="api,raw,search", help="which phases to run, of api, raw and search (comma-separated)"
-    )
+    parser.add_argument("--searches", type=int, default=40)
+    parser.add_argument("--allocations-per-gpu", type=float, default=1.25, help="future allocations per GPU")
     args = parser.parse_args()
-    phases = {p.strip() for p in args.phases.split(",") if p.strip()}
-    unknown = phases - {"api", "raw", "search"}
-    if unknown or not phases:
-        parser.error(f"--phases: unknown phase(s) {sorted(unknown)}; choose from api, raw, search")
+    if args.servers is not None:
+        sizes = [args.servers]
+    elif args.quick:
+        sizes, args.seconds = [64, 1000], min(args.seconds, 3.0)
+    else:
+        try:
+            sizes = sorted(int(n) for n in args.sweep.split(",") if n.strip())
+        except ValueError:
+            parser.error("--sweep: comma-separated numbers of servers, e.g. 64,1000,10000")
+    if not sizes or min(sizes) < 1:
+        parser.error("fleet sizes must be at least 1 server")
 
     url, env = django_on_fresh_database("booking", DEFAULT_URL, API_THROTTLE_USER="10000000/min")
     from django.contrib.auth import get_user_model
@@ -297,84 +371,72 @@ def main() -> None:
     from controlplane.core import tokens
     from controlplane.ledger.services import ledger_grant
 
-    t0 = time.monotonic()
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user(username="bench", password="bench-only")
     # One project per client, as tenants book: bookings of one project are serialised by its row lock.
     projects = [Project.objects.create(name=f"Bench {i}", slug=f"bench-{i}") for i in range(args.clients)]
     for project in projects:
         Membership.objects.create(project=project, user=user, role=Role.OWNER)
-        ledger_grant(project=project, amount=10**9, actor=None, reason="bench credits")
+        ledger_grant(project=project, amount=10**10, actor=None, reason="bench credits")
+    filler = Project.objects.create(name="Filler", slug="filler")
     issued = tokens.issue(tokens.USER_TOKEN)
     ApiToken.objects.create(user=user, name="bench", lookup=issued.lookup, digest=issued.digest)
-    build_fleet(API_MODEL, 64, 8, "api")
-    filled = 0
-    if "search" in phases:
-        search_gpus = build_fleet(SEARCH_MODEL, args.search_servers, 8, "fleet")
-        filled = fill_allocations(projects[0].pk, search_gpus, args.search_allocations, 7, seed=1)
-    with connection.cursor() as cursor:
-        # What autovacuum would have done by now on a live database: statistics and the visibility map.
-        cursor.execute("VACUUM ANALYZE")
-    connection.close()
+    slugs, project_ids = [p.slug for p in projects], [p.pk for p in projects]
     print(
-        f"setup {time.monotonic() - t0:.1f} s: API pool 64 x 8 {API_MODEL}; search fleet "
-        f"{args.search_servers} x 8 {SEARCH_MODEL} with {filled:,} future allocations; {args.clients} clients "
-        f"(one project each), "
-        f"{args.workers} gunicorn workers x {args.threads} threads, {args.seconds:g} s per phase; {load()}",
+        f"{args.clients} clients (one project each), {args.workers} gunicorn workers x {args.threads} threads, "
+        f"{args.seconds:g} s per phase, {args.allocations_per_gpu:g} future allocations per GPU; {load()}",
         flush=True,
     )
 
-    slugs = [p.slug for p in projects]
-    api = keyed = raw = search = floor = None
-    if "api" in phases:
-        api = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=False)
-        print(f"API phase without Idempotency-Key done; {load()}", flush=True)
-        keyed = phase_api(args, env, issued.plaintext, slugs, idempotency_keys=True)
-        print(f"API phase with Idempotency-Key done; {load()}", flush=True)
-        floor = phase_floor(args, env, issued.plaintext)
-        print(f"floor phase done; {load()}", flush=True)
-    if "raw" in phases or "api" in phases:  # the API figures mean nothing without their baseline
-        raw = phase_raw(url, args)
-        print(f"raw INSERT phase done; {load()}", flush=True)
-    if "search" in phases:
-        search = phase_search(args)
-        print(f"search phase done; {load()}", flush=True)
+    results: list[tuple[int, int, float, dict[str, float], dict[str, float], dict[str, float]]] = []
+    for n in sizes:
+        t0 = time.monotonic()
+        model_name = f"SWEEP-{n}"
+        gpu_ids = build_fleet(model_name, n, f"s{n}")
+        filled = fill_allocations(filler.pk, model_name, gpu_ids, round(args.allocations_per_gpu * len(gpu_ids)), n)
+        with connection.cursor() as cursor:
+            # What autovacuum would have done by now on a live database: statistics and the visibility map.
+            cursor.execute("VACUUM ANALYZE")
+        connection.close()
+        loaded = time.monotonic() - t0
+        print(f"{n:,} servers x {GPUS_PER_SERVER}: {filled:,} future allocations loaded in {loaded:.1f} s", flush=True)
+        service = phase_service(args, model_name, project_ids, user.pk)
+        http = phase_http(args, env, issued.plaintext, slugs, model_name)
+        search = phase_search(args, model_name)
+        print(f"  measured; {load()}", flush=True)
+        results.append((n, filled, loaded, service, http, search))
+    floor = phase_floor(args, env, issued.plaintext)
+    raw = phase_raw(url, args)
 
     print()
-    if raw is not None:
-        print(f"{'path':<50} {'ok':>8} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-        rows = (("API: POST /api/v1/reservations", api), ("API: the same with an Idempotency-Key", keyed))
-        for label, result in rows:
-            if result is not None:
-                print(
-                    f"{label:<50} {result['created']:>8,.0f} {result['rate']:>9,.1f} "
-                    f"{result['p50']:>8.1f} {result['p99']:>8.1f}"
-                )
+    head = f"{'servers':>8} {'allocations':>11} | {'service p50':>11} {'p95':>6} {'per s':>6} | "
+    head += f"{'HTTP p50':>8} {'p95':>6} {'per s':>6} | {'search p50':>10} {'p95':>6}"
+    print(head)
+    for n, filled, _, service, http, search in results:
         print(
-            f"{'raw INSERT, exclusion-constrained (baseline)':<50} {raw['created']:>8,.0f} {raw['rate']:>9,.1f} "
-            f"{raw['p50']:>8.2f} {raw['p99']:>8.2f}"
+            f"{n:>8,} {filled:>11,} | {service['p50']:>11.1f} {service['p95']:>6.1f} {service['rate']:>6.0f} | "
+            f"{http['p50']:>8.1f} {http['p95']:>6.1f} {http['rate']:>6.0f} | {search['p50']:>10.1f} "
+            f"{search['p95']:>6.1f}"
         )
-        print()
-        for label, result in (("without key", api), ("with key", keyed)):
-            if result is None:
-                continue
-            ratio = result["rate"] / raw["rate"] if raw["rate"] else 0.0
-            print(
-                f"API {label}: {ratio:.1%} of raw (goal >= 10%), p99 {result['p99']:.1f} ms (goal < 50 ms); "
-                f"409s (no capacity) {result['conflict']:,.0f}, other errors {result['errors']:,.0f}"
-            )
-    if floor is not None and raw is not None:
-        print()
-        for label, result in floor.items():
-            print(
-                f"stack floor, {label}: {result['rate']:,.0f} requests/s = {result['rate'] / raw['rate']:.1%} of raw "
-                f"(p50 {result['p50']:.1f} ms, p99 {result['p99']:.1f} ms)"
-            )
-        print("  (a booking does at least what GET /api/v1/me/ does: the same stack, token authentication, a read)")
-    if search is not None:
+    print(
+        f"{'raw INSERT, exclusion-constrained (floor)':<46} p50 {raw['p50']:.2f} ms, p95 {raw['p95']:.2f} ms, "
+        f"{raw['rate']:,.0f}/s"
+    )
+    print(
+        f"{'GET /api/v1/me/ on the same gunicorn (stack)':<46} p50 {floor['p50']:.1f} ms, "
+        f"p99 {floor['p99']:.1f} ms, {floor['rate']:,.0f}/s"
+    )
+    first = results[0]
+    for n, _, _, service, http, search in results[1:]:
         print(
-            f"earliest-window search, {search['n']} queries ({search['found']} found): p50 {search['p50']:.1f} ms, "
-            f"p95 {search['p95']:.1f} ms (goal < 100 ms), max {search['max']:.1f} ms"
+            f"{n:,} servers against {first[0]:,}: p50 x{service['p50'] / first[3]['p50']:.2f} through the service, "
+            f"x{http['p50'] / first[4]['p50']:.2f} over HTTP (goal <= 1.5); search p95 {search['p95']:.1f} ms "
+            "(goal <= 100)"
+        )
+    for n, _, _, service, http, _ in results:
+        print(
+            f"{n:,} servers: service 409s {service['conflict']:,.0f}, errors {service['errors']:,.0f}; "
+            f"HTTP 409s {http['conflict']:,.0f}, errors {http['errors']:,.0f}"
         )
     print(f"machine: {os.cpu_count()} CPUs, {load()}")
 

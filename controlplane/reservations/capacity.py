@@ -14,9 +14,9 @@ from django.db.models import Count, F, Q
 from rest_framework import serializers
 
 from controlplane.core.errors import Conflict
-from controlplane.inventory.choices import GpuHealth, ServerState
+from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Server
-from controlplane.reservations.selectors import _spec_q
+from controlplane.reservations.selectors import gpu_matches, spec_q
 from controlplane.reservations.specs import GpuSpec, Window
 from controlplane.reservations.windows import earliest_window
 
@@ -35,15 +35,15 @@ class FleetCount:
 
 def fleet_count(spec: GpuSpec) -> FleetCount:
     if spec.whole_servers is None:
-        counts = Gpu.objects.filter(_spec_q(spec), present=True).aggregate(
-            total=Count("id"), usable=Count("id", filter=Q(health=GpuHealth.HEALTHY, server__state=ServerState.READY))
+        counts = Gpu.objects.filter(spec_q(spec), present=True).aggregate(
+            total=Count("id"), usable=Count("id", filter=gpu_matches(spec) & Q(server__state=ServerState.READY))
         )
         return FleetCount(counts["total"], counts["usable"])
     present = Q(gpus__present=True)
     servers = Server.objects.annotate(
         gpus_present=Count("gpus", filter=present),
-        matching=Count("gpus", filter=present & _spec_q(spec, "gpus__")),
-        healthy=Count("gpus", filter=present & _spec_q(spec, "gpus__") & Q(gpus__health=GpuHealth.HEALTHY)),
+        matching=Count("gpus", filter=present & spec_q(spec, "gpus__")),
+        healthy=Count("gpus", filter=present & gpu_matches(spec, "gpus__")),
     ).filter(gpus_present__gt=0, matching=F("gpus_present"))
     return FleetCount(servers.count(), servers.filter(state=ServerState.READY, healthy=F("gpus_present")).count())
 

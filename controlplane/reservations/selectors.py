@@ -25,10 +25,20 @@ def reservations_visible_to(user: Any) -> QuerySet[Reservation]:
     return Reservation.objects.filter(project__in=projects_visible_to(user))
 
 
-def _spec_q(spec: GpuSpec, prefix: str = "") -> Q:
+def spec_q(spec: GpuSpec, prefix: str = "") -> Q:
+    """A GPU of the spec's model, or with at least its memory, whatever its health (``prefix``: the path to
+    the GPU from another model, e.g. ``"gpus__"`` from a server)."""
     if spec.gpu_model_id is not None:
         return Q(**{f"{prefix}model_id": spec.gpu_model_id})
     return Q(**{f"{prefix}memory_mib__gte": spec.min_memory_mib})
+
+
+def gpu_matches(spec: GpuSpec, prefix: str = "") -> Q:
+    """The one definition of a GPU that matches a booking's spec: healthy, and of its model or memory.
+
+    Placement, the earliest-window search and capacity all use it; the hand-written candidate reads below
+    compile it to SQL (``_match_sql``) rather than spelling it again."""
+    return spec_q(spec, prefix) & Q(**{f"{prefix}health": GpuHealth.HEALTHY})
 
 
 def placeable_gpus(spec: GpuSpec) -> QuerySet[Gpu]:
@@ -38,17 +48,13 @@ def placeable_gpus(spec: GpuSpec) -> QuerySet[Gpu]:
     """
     qs = Gpu.objects.filter(server__state=ServerState.READY, present=True)
     if spec.whole_servers is None:
-        qs = qs.filter(_spec_q(spec), health=GpuHealth.HEALTHY)
+        qs = qs.filter(gpu_matches(spec))
     return qs
 
 
 def overlapping(qs: QuerySet[Allocation], starts_at: datetime, ends_at: datetime) -> QuerySet[Allocation]:
     """Active allocations whose ``[starts_at, ends_at)`` meets the given half-open window."""
     return qs.filter(active=True, starts_at__lt=ends_at, ends_at__gt=starts_at)
-
-
-def _matches_q(spec: GpuSpec) -> Q:
-    return _spec_q(spec) & Q(health=GpuHealth.HEALTHY)
 
 
 def _busy_exists(starts_at: datetime, ends_at: datetime) -> Exists:
@@ -64,23 +70,25 @@ class _ServerCount:
     free: int  # of those, free for the whole window
 
 
-# The candidate reads are written by hand: they run on every booking, and building them through the ORM cost
-# several times what the database spends answering them. They are plain SQL that both databases run (the
-# equivalence tests compare them with the ORM version kept in tests/reservations/candidates_reference.py).
+# The candidate reads are written as SQL: they run on every booking, and building them through the ORM cost
+# several times what the database spends answering them. The GPU table is named, not aliased, so that the
+# matching predicate compiled from ``gpu_matches`` (which names its columns by table) drops straight in.
 _GPU = Gpu._meta.db_table
 _SERVER = Server._meta.db_table
 _ALLOCATION = Allocation._meta.db_table
-# Over a GPU ``g``: an active allocation meets the window (parameters: its end, its start).
+_G = f'"{_GPU}"'
+# Over the GPU row: an active allocation meets the window (parameters: its end, its start).
 _BUSY_SQL = (
-    f"EXISTS (SELECT 1 FROM {_ALLOCATION} a WHERE a.gpu_id = g.id AND a.active AND a.starts_at < %s AND a.ends_at > %s)"  # noqa: S608 - table name from metadata
+    f"EXISTS (SELECT 1 FROM {_ALLOCATION} a WHERE a.gpu_id = {_G}.id AND a.active "  # noqa: S608 - names from metadata
+    "AND a.starts_at < %s AND a.ends_at > %s)"
 )
 
 
 def _match_sql(spec: GpuSpec) -> tuple[str, list[Any]]:
-    """``_matches_q`` as SQL over ``g``: healthy and of the spec's model or memory."""
-    if spec.gpu_model_id is not None:
-        return "(g.health = %s AND g.model_id = %s)", [GpuHealth.HEALTHY.value, spec.gpu_model_id]
-    return "(g.health = %s AND g.memory_mib >= %s)", [GpuHealth.HEALTHY.value, spec.min_memory_mib]
+    """``gpu_matches(spec)`` as SQL over the GPU table, compiled by Django from the one definition."""
+    query = Gpu.objects.filter(gpu_matches(spec)).query
+    sql, params = query.where.as_sql(query.get_compiler(connection=connection), connection)
+    return f"({sql})", list(params)
 
 
 def _window_params(window: Window) -> list[Any]:
@@ -95,10 +103,10 @@ def _server_counts(spec: GpuSpec, window: Window) -> list[_ServerCount]:
     # A GPU count only looks at matching GPUs (placeable_gpus); whole servers at every present one.
     only_matching = f" AND {match}" if spec.whole_servers is None else ""
     sql = (
-        f"SELECT g.server_id, s.hostname, COUNT(*), SUM(CASE WHEN {match} THEN 1 ELSE 0 END), "  # noqa: S608 - fixed SQL; values are parameters
+        f"SELECT {_G}.server_id, s.hostname, COUNT(*), SUM(CASE WHEN {match} THEN 1 ELSE 0 END), "  # noqa: S608 - fixed SQL; values are parameters
         f"SUM(CASE WHEN {match} AND NOT {_BUSY_SQL} THEN 1 ELSE 0 END) "
-        f"FROM {_GPU} g INNER JOIN {_SERVER} s ON s.id = g.server_id "
-        f"WHERE g.present AND s.state = %s{only_matching} GROUP BY g.server_id, s.hostname"
+        f"FROM {_G} INNER JOIN {_SERVER} s ON s.id = {_G}.server_id "
+        f"WHERE {_G}.present AND s.state = %s{only_matching} GROUP BY {_G}.server_id, s.hostname"
     )
     params = [*match_params, *match_params, *_window_params(window), ServerState.READY.value]
     if only_matching:
@@ -128,10 +136,10 @@ def _build(spec: GpuSpec, window: Window, servers: list[_ServerCount]) -> list[S
     match, match_params = _match_sql(spec)
     ids = [c.id for c in servers]
     sql = (
-        f'SELECT g.id, g.server_id, g."index", g.numa_node, g.nvlink_peers, g.uuid '  # noqa: S608 - fixed SQL; values are parameters
-        f"FROM {_GPU} g INNER JOIN {_SERVER} s ON s.id = g.server_id "
-        f"WHERE g.present AND g.server_id IN ({', '.join(['%s'] * len(ids))}) AND {match} AND NOT {_BUSY_SQL} "
-        'ORDER BY s.hostname, g."index"'
+        f'SELECT {_G}.id, {_G}.server_id, {_G}."index", {_G}.numa_node, {_G}.nvlink_peers, {_G}.uuid '  # noqa: S608 - fixed SQL; values are parameters
+        # The servers come back in the given order below; only the GPUs' order within one is the query's.
+        f"FROM {_G} WHERE {_G}.present AND {_G}.server_id IN ({', '.join(['%s'] * len(ids))}) AND {match} "
+        f'AND NOT {_BUSY_SQL} ORDER BY {_G}.server_id, {_G}."index"'
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*ids, *match_params, *_window_params(window)])
@@ -163,7 +171,70 @@ def candidate_servers(spec: GpuSpec, window: Window, *, shortlist: int | None = 
     With ``shortlist`` (the default), a GPU count that fits one server sees only the best-fitting servers,
     which is all the placement rule picks from; ``None`` returns every server with a free matching GPU.
     """
+    if shortlist is not None:
+        fitting = _fitting_from_summary(spec, window, shortlist)
+        if fitting is not None:
+            return _build(spec, window, fitting)
     return _build(spec, window, _shortlist(spec, _server_counts(spec, window), shortlist))
+
+
+# Over allocations ``a`` joined to their GPU: the active ones that meet the window, through the GiST index on
+# their periods (migration 0004).
+_SUMMARY_SQL = f"""
+    WITH busy AS (
+        SELECT g.server_id, COUNT(*) AS n
+        FROM (
+            SELECT DISTINCT a.gpu_id FROM {_ALLOCATION} a
+            WHERE a.active AND tstzrange(a.starts_at, a.ends_at, '[)') && tstzrange(%s, %s, '[)')
+        ) a
+        -- One primary-key read per busy GPU (OFFSET 0 keeps the planner from scanning every GPU instead).
+        CROSS JOIN LATERAL (
+            SELECT {_G}.server_id FROM {_G} WHERE {_G}.id = a.gpu_id AND {_G}.present AND {{match}} OFFSET 0
+        ) g
+        GROUP BY g.server_id
+    ),
+    fit AS (
+        SELECT c.server_id, c.hostname, c.healthy, c.healthy - b.n AS free
+        FROM busy b
+        INNER JOIN reservations_server_capacity c ON c.server_id = b.server_id AND c.model_id = %s AND c.ready
+        WHERE c.healthy - b.n >= %s
+        UNION ALL
+        (SELECT c.server_id, c.hostname, c.healthy, c.healthy FROM reservations_server_capacity c
+         WHERE c.ready AND c.model_id = %s AND c.healthy >= %s AND c.server_id NOT IN (SELECT server_id FROM busy)
+         ORDER BY c.healthy, c.hostname LIMIT %s)
+    )
+    -- The hostnames compare as Python compares them (the column's collation is "C").
+    (SELECT server_id, hostname, healthy, free, NULL::integer FROM fit ORDER BY free, hostname LIMIT %s)
+    UNION ALL
+    -- Last: the most matching GPUs on one server, to tell whether the count fits one at all.
+    SELECT NULL, NULL, NULL, NULL, MAX(healthy) FROM reservations_server_capacity WHERE ready AND model_id = %s
+"""  # noqa: S608 - names from metadata and the compiled predicate; values are parameters
+
+
+def _fitting_from_summary(spec: GpuSpec, window: Window, limit: int) -> list[_ServerCount] | None:
+    """PostgreSQL, a count of GPUs of one model: ``_shortlist(spec, _server_counts(spec, window), limit)``
+    read without looking at every server. None when this read does not apply; the caller reads the GPUs.
+
+    A server holding no allocation in the window has all its matching GPUs free, which the summary of
+    capacity per server and model counts (migration 0004); so the best-fitting of those are the first few
+    in the summary's (count, hostname) order, and only the servers with an allocation in the window, found
+    from the allocations' side, have their free GPUs counted. The shortlist's order, (free - count,
+    hostname), then picks from both exactly as it would from every server."""
+    if connection.vendor != "postgresql" or spec.gpu_model_id is None or spec.whole_servers is not None:
+        return None
+    count = spec.gpu_count or 1
+    match, match_params = _match_sql(spec)
+    start, end = _window_params(window)[::-1]
+    model = spec.gpu_model_id
+    params = [start, end, *match_params, model, count, model, count, limit, limit, model]
+    with connection.cursor() as cursor:
+        cursor.execute(_SUMMARY_SQL.format(match=match), params)
+        found = cursor.fetchall()
+    largest = next((row[4] for row in found if row[0] is None), None) or 0
+    if count > largest:
+        return None  # several servers' GPUs together, or none at all: the general read decides
+    counts = [_ServerCount(sid, host, n, n, free) for sid, host, n, free, _ in found if sid is not None]
+    return sorted(counts, key=lambda c: (c.free - count, c.hostname))[:limit]
 
 
 @dataclass(frozen=True)

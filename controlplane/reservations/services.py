@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Prefetch, prefetch_related_objects
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
@@ -39,7 +39,7 @@ from controlplane.reservations import capacity, costs, hooks
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
-from controlplane.reservations.selectors import _BUSY_SQL, _window_params, candidate_servers, overlapping
+from controlplane.reservations.selectors import _BUSY_SQL, _G, _window_params, candidate_servers, overlapping
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 # How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
@@ -124,18 +124,18 @@ def _share_lock_gpus(gpu_ids: list[int]) -> None:
 
 
 _REREAD_SQL = (
-    'SELECT g.id, g.uuid, g."index", g.server_id, s.hostname, g.model_id, m.name, m.billing_weight, '  # noqa: S608 - names from metadata; values are parameters
-    "g.present AND g.health = %s AND s.state = %s, "
-    f"{_BUSY_SQL} FROM {Gpu._meta.db_table} g "
-    f"INNER JOIN {Server._meta.db_table} s ON s.id = g.server_id "
-    f"INNER JOIN {GpuModel._meta.db_table} m ON m.id = g.model_id WHERE g.id IN "
+    f'SELECT {_G}.id, {_G}.uuid, {_G}."index", {_G}.server_id, s.hostname, {_G}.model_id, m.name, '  # noqa: S608 - names from metadata; values are parameters
+    f"m.billing_weight, {_G}.present AND {_G}.health = %s AND s.state = %s, "
+    f"{_BUSY_SQL} FROM {_G} "
+    f"INNER JOIN {Server._meta.db_table} s ON s.id = {_G}.server_id "
+    f"INNER JOIN {GpuModel._meta.db_table} m ON m.id = {_G}.model_id WHERE {_G}.id IN "
 )
 
 
 def _reread(gpu_ids: list[int], window: Window) -> tuple[dict[int, Gpu], set[int]]:
     """The chosen GPUs as they are now, with their server and model, and those no longer bookable for the
     window: allocated meanwhile, unhealthy, gone, or on a server that left ``ready``."""
-    sql = _REREAD_SQL + "(" + ", ".join(["%s"] * len(gpu_ids)) + ") ORDER BY g.id"
+    sql = _REREAD_SQL + "(" + ", ".join(["%s"] * len(gpu_ids)) + f") ORDER BY {_G}.id"
     params = [GpuHealth.HEALTHY.value, ServerState.READY.value, *_window_params(window), *gpu_ids]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -257,7 +257,7 @@ def reservation_create(
         updated_at=now,
     )
     rows.insert([reservation])
-    gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window)
+    gpus, _ = _place_and_allocate(reservation, spec=spec, window=window)
     hours = _hours(window.seconds)
     needed = credits(sum((gpu.model.billing_weight for gpu in gpus), Decimal(0)) * hours)
     check_quota(
@@ -306,24 +306,17 @@ def reservation_create(
         ),
     ]
     rows.insert(events)
-    # Everything a response shows is in hand (the GPUs came with their server and model under the lock):
-    # filling the caches spares the caller three reads of what this transaction just wrote.
     reservation.project = project
     if spec.gpu_model_id is not None:
         reservation.gpu_model = gpus[0].model  # placement only chose GPUs of this model
-    reservation._prefetched_objects_cache = {  # type: ignore[attr-defined]
-        "allocations": _loaded(reservation.allocations.all(), allocations),
-        "events": _loaded(reservation.events.all(), events),
-    }
+    # What a response shows, read back by the ORM's own prefetch: two reads rather than caches filled by hand.
+    prefetch_related_objects(
+        [reservation],
+        Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model")),
+        "events",
+    )
     _dispatch_booked(reservation, now=now)
     return reservation
-
-
-def _loaded(qs: QuerySet[Any], rows: list[Any]) -> QuerySet[Any]:
-    """``qs`` as prefetch_related leaves it: evaluated to ``rows``; a further filter() still reads the database."""
-    qs._result_cache = rows  # type: ignore[attr-defined]
-    qs._prefetch_done = True  # type: ignore[attr-defined]
-    return qs
 
 
 def _dispatch_booked(reservation: Reservation, *, now: datetime) -> None:

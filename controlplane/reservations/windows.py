@@ -15,10 +15,10 @@ from controlplane.reservations.placement import coverage, place
 from controlplane.reservations.selectors import (
     SHORTLIST,
     _build,
-    _matches_q,
     _ServerCount,
     _shortlist,
     candidate_servers,
+    gpu_matches,
     placeable_gpus,
 )
 from controlplane.reservations.specs import GpuSpec, Window
@@ -46,7 +46,7 @@ def _gap_rows(spec: GpuSpec, *, now: datetime, last_start: datetime, duration: t
     turned into epoch seconds only for the rows that come back: a small part of them for a long window."""
     gpus_sql, gpus_params = (
         placeable_gpus(spec)
-        .annotate(m=ExpressionWrapper(_matches_q(spec), output_field=BooleanField()))
+        .annotate(m=ExpressionWrapper(gpu_matches(spec), output_field=BooleanField()))
         .order_by()
         .values(c_gpu=F("id"), c_server=F("server_id"), c_host=F("server__hostname"), c_match=F("m"))
         .query.sql_with_params()

@@ -23,7 +23,7 @@ from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
 from controlplane.inventory.models import Gpu
 from controlplane.ledger.services import QuotaNeed, actor_label_for, check_quota, credits, lock_project
 from controlplane.reservations import capacity, costs
-from controlplane.reservations.selectors import _spec_q
+from controlplane.reservations.selectors import spec_q as _spec_q
 from controlplane.reservations.services import reservation_create
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest, Window
 from controlplane.scheduling.choices import RequestState

@@ -12,16 +12,16 @@ from controlplane.reservations.placement import GpuSlot, ServerCandidate
 from controlplane.reservations.selectors import (
     SHORTLIST,
     _busy_exists,
-    _matches_q,
     _ServerCount,
     _shortlist,
+    gpu_matches,
     placeable_gpus,
 )
 from controlplane.reservations.specs import GpuSpec, Window
 
 
 def server_counts(spec: GpuSpec, window: Window) -> list[_ServerCount]:
-    matches = _matches_q(spec)
+    matches = gpu_matches(spec)
     rows = (
         placeable_gpus(spec)
         .values("server_id", "server__hostname")
@@ -40,7 +40,7 @@ def build(spec: GpuSpec, window: Window, servers: list[_ServerCount]) -> list[Se
         return []
     rows = (
         Gpu.objects.filter(server_id__in=[c.id for c in servers], present=True)
-        .filter(_matches_q(spec))
+        .filter(gpu_matches(spec))
         .exclude(_busy_exists(window.starts_at, window.ends_at))
         .values_list("id", "server_id", "index", "numa_node", "nvlink_peers", "uuid")
     )

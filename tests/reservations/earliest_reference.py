@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce, Greatest, Lag, Lead
 
 from controlplane.reservations.models import Allocation
 from controlplane.reservations.placement import coverage, place
-from controlplane.reservations.selectors import _matches_q, candidate_servers, overlapping, placeable_gpus
+from controlplane.reservations.selectors import candidate_servers, gpu_matches, overlapping, placeable_gpus
 from controlplane.reservations.specs import GpuSpec, Window
 
 
@@ -124,7 +124,7 @@ def reference_earliest_window(
     servers: dict[int, list[tuple[int, bool]]] = defaultdict(list)
     for gid, sid, healthy_match in (
         placeable_gpus(spec)
-        .annotate(m=ExpressionWrapper(_matches_q(spec), output_field=BooleanField()))
+        .annotate(m=ExpressionWrapper(gpu_matches(spec), output_field=BooleanField()))
         .values_list("id", "server_id", "m")
     ):
         servers[sid].append((gid, bool(healthy_match)))

@@ -323,7 +323,7 @@ def test_a_booking_starting_now_is_handed_to_dispatch_when_it_commits(django_cap
 
 
 def test_a_fresh_booking_reads_like_one_loaded_from_the_database():
-    """reservation_create fills the allocation and event caches; querying through them still works."""
+    """reservation_create hands back its allocations and events prefetched; querying through them still works."""
     from django.utils import timezone as tz
 
     from controlplane.reservations.models import Allocation
