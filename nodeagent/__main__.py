@@ -36,13 +36,30 @@ def default_state_dir() -> str:
 
 
 def make_backend(
-    simulate: str | None, *, hostname: str, busy_source: Callable[[], set[str]] | None = None
+    simulate: str | None,
+    *,
+    hostname: str,
+    busy_source: Callable[[], set[str]] | None = None,
+    kind: str = "auto",
 ) -> GpuBackend:
+    """The simulated fleet when asked, else NVML or amdsmi; "auto" tries NVML, then amdsmi, and says why both
+    are unavailable when neither is."""
     if simulate:
         return SimulatedBackend(simulate, hostname=hostname, busy_source=busy_source)
+    from nodeagent.backends.amdsmi import AmdsmiBackend
     from nodeagent.backends.nvml import NvmlBackend
 
-    return NvmlBackend()
+    if kind == "nvml":
+        return NvmlBackend()
+    if kind == "amdsmi":
+        return AmdsmiBackend()
+    try:
+        return NvmlBackend()
+    except BackendUnavailable as nvidia:
+        try:
+            return AmdsmiBackend()
+        except BackendUnavailable as amd:
+            raise BackendUnavailable(f"{nvidia} Nor is AMD's: {amd}") from amd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated GPUs instead of NVML, e.g. 8xH100-80GB",
     )
     probe.add_argument("--hostname", default=env("NODEAGENT_HOSTNAME"))
+    probe.add_argument(
+        "--backend",
+        choices=("auto", "nvml", "amdsmi"),
+        default=env("NODEAGENT_BACKEND") or "auto",
+        help="where GPU facts come from: NVIDIA's NVML, AMD's amdsmi, or auto (NVML, then amdsmi)",
+    )
     probe.add_argument("--json", action="store_true", help="print JSON (a recordable fixture) instead of a table")
 
     run = sub.add_parser("run", help="report to the control plane and run the containers it asks for")
@@ -75,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated GPUs instead of NVML, e.g. 8xH100-80GB (NODEAGENT_SIMULATE)",
     )
     run.add_argument("--hostname", default=env("NODEAGENT_HOSTNAME"), help="name to report (NODEAGENT_HOSTNAME)")
+    run.add_argument(
+        "--backend",
+        choices=("auto", "nvml", "amdsmi"),
+        default=env("NODEAGENT_BACKEND") or "auto",
+        help="NVIDIA's NVML, AMD's amdsmi, or auto: NVML, then amdsmi (NODEAGENT_BACKEND)",
+    )
     run.add_argument(
         "--state-dir",
         default=env("NODEAGENT_STATE_DIR") or default_state_dir(),
@@ -177,7 +206,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     hostname = args.hostname or socket.gethostname()
     try:
-        backend = make_backend(args.simulate, hostname=hostname)
+        backend = make_backend(args.simulate, hostname=hostname, kind=args.backend)
     except SimulatedSpecError as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
@@ -276,7 +305,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             gpu_numa=lambda uuid: gpu_numa.get(uuid),
             volumes=volumes,
         )
-        backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus)
+        backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus, kind=args.backend)
     except (ValueError, BackendUnavailable) as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2

@@ -135,7 +135,7 @@ def place(profiles: dict[str, MigProfile], layout: Sequence[str]) -> list[tuple[
 
 
 def parse_layout(text: str) -> list[str]:
-    """"3g.40gb+2g.20gb+2x1g.10gb" -> ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]. Empty: MIG on, no instances."""
+    """ "3g.40gb+2g.20gb+2x1g.10gb" -> ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]. Empty: MIG on, no instances."""
     layout: list[str] = []
     for part in (p.strip() for p in text.split(",")) if "," in text else _plus_parts(text):
         if not part:
