@@ -20,6 +20,7 @@ from nodeagent.backends.base import BackendUnavailable, GpuBackend
 from nodeagent.backends.simulated import SimulatedBackend, SimulatedSpecError
 from nodeagent.collectors import HostCollector
 from nodeagent.runtime.base import ContainerRuntime, NullRuntime
+from nodeagent.runtime.devices import GpuInfo
 
 if TYPE_CHECKING:
     from nodeagent.logship import LogShipper
@@ -229,6 +230,7 @@ def make_runtime(
     numa_cpus: dict[str, str],
     gpu_numa: Callable[[str], int | None],
     volumes: VolumeStore | None = None,
+    gpu_info: Callable[[str], GpuInfo | None] | None = None,
 ) -> ContainerRuntime:
     if kind == "none":
         return NullRuntime()
@@ -238,7 +240,12 @@ def make_runtime(
 
     try:
         return DockerRuntime(
-            state_dir=state_dir, node=hostname, numa_cpus=numa_cpus, gpu_numa=gpu_numa, volumes=volumes
+            state_dir=state_dir,
+            node=hostname,
+            numa_cpus=numa_cpus,
+            gpu_numa=gpu_numa,
+            volumes=volumes,
+            gpu_info=gpu_info,
         )
     except Exception as exc:  # docker.errors.DockerException and friends: say it plainly
         raise BackendUnavailable(f"cannot reach the Docker engine ({exc}); use --runtime none") from exc
@@ -289,6 +296,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     owner = container_owner(hostname, args.container_scope)
     host = HostCollector(hostname=hostname)
     gpu_numa: dict[str, int | None] = {}
+    gpu_info: dict[str, GpuInfo] = {}
     volumes: VolumeStore | None = None
     try:
         client = ControlPlaneClient(args.server)
@@ -304,12 +312,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             numa_cpus=host.collect().numa_cpus,
             gpu_numa=lambda uuid: gpu_numa.get(uuid),
             volumes=volumes,
+            gpu_info=lambda uuid: gpu_info.get(uuid),
         )
         backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus, kind=args.backend)
     except (ValueError, BackendUnavailable) as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
-    gpu_numa.update({g.uuid: g.numa_node for g in backend.discover()})
+    for gpu in backend.discover():
+        # A MIG device sits where its GPU does; it is NVIDIA's, given by its own uuid.
+        for uuid in [gpu.uuid, *(d.uuid for d in (gpu.mig.devices if gpu.mig else []))]:
+            gpu_numa[uuid] = gpu.numa_node
+            if not backend.simulated:  # simulated AMD GPUs have no render nodes to pass
+                gpu_info[uuid] = GpuInfo(vendor=gpu.vendor, pci_bus_id=gpu.pci_bus_id)
     if volumes is not None:
         volumes.start()
     # The listener only verifies against what the agent knows (its credential and server name), so it reads
