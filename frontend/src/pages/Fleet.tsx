@@ -12,6 +12,7 @@ import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatDateTime, formatRelative } from "../lib/format";
 import { explainReason, heatCell, reasonList } from "../lib/gpuHealth";
 import { shownZone } from "../lib/report";
+import { migSummary, vendorLabel } from "../lib/vendor";
 
 type Metric = "util" | "temp";
 
@@ -105,6 +106,12 @@ export function FleetPage() {
                   <Table.Td data-label="State"><StateBadge state={s.state} /></Table.Td>
                   <Table.Td data-label="GPUs">
                     {s.gpus.length} × {s.gpus[0]?.model ?? "?"}
+                    {s.gpus.length > 0 && <Badge variant="default" ml={4} size="xs" data-testid="vendor">{vendorLabel(s.gpus)}</Badge>}
+                    {s.gpus.some((g) => g.mig_mode?.current) && (
+                      <Text span size="xs" c="dimmed" ml={4} title={s.gpus.map((g) => `GPU ${g.index}: ${migSummary(g) ?? "no MIG"}`).join("\n")}>
+                        MIG on {s.gpus.filter((g) => g.mig_mode?.current).length} GPU(s)
+                      </Text>
+                    )}
                     {s.gpus.some((g) => g.health !== "healthy") && <Badge color="red.9" variant="filled" ml={4} size="xs">unhealthy</Badge>}
                   </Table.Td>
                   <Table.Td data-label="Last heartbeat" title={formatDateTime(s.last_heartbeat_at)}>{s.last_heartbeat_at ? formatRelative(s.last_heartbeat_at) : "never"}</Table.Td>
