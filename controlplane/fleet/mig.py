@@ -176,7 +176,9 @@ def gpu_request_mig(*, gpu: Gpu, enabled: bool, layout: Sequence[str], actor: An
     """Ask the GPU's agent for a MIG layout. Only on a drained server (draining or maintenance, so nothing new
     is booked) and a GPU nothing holds now or later: the agent reconfigures on its next heartbeat and reports."""
 
-    locked = Gpu.objects.select_for_update().select_related("server", "model").get(pk=gpu.pk)
+    # FOR UPDATE of the GPU and its server: a server returning to ready checks for waiting MIG requests under
+    # the server's row lock (inventory.services.server_set_state), so the two cannot pass each other.
+    locked = Gpu.objects.select_for_update(of=("self", "server")).select_related("server", "model").get(pk=gpu.pk)
     if locked.server.state not in (ServerState.DRAINING, ServerState.MAINTENANCE):
         raise Conflict(
             f"Drain {locked.server.hostname} first: MIG is reconfigured only while the server is draining or in "

@@ -119,3 +119,30 @@ def test_a_request_on_a_drained_idle_gpu_is_recorded_and_sent_to_the_agent(mig_n
     assert (event.actor_label, event.reason, event.gpu_id) == ("opal", "three tenants", gpu.pk)
     again = post_mig(people, "operator", gpu, {"enabled": False, "layout": []})
     assert again.json()["mig_generation"] == 2  # a newer request supersedes the one the agent has not answered
+
+
+def test_the_server_returns_to_ready_only_after_the_agent_reports(mig_node: Any, people: People) -> None:  # noqa: F811
+    server = mig_node["server"]
+    drain(people, server)
+    gpu = mig_node["gpus"][0]
+    assert post_mig(people, "operator", gpu, {"enabled": True, "layout": ["7g.80gb"]}).status_code == 200
+    response = people.client("operator").post(
+        f"/api/v1/servers/{server.pk}/state", {"state": "ready", "reason": "done"}, format="json"
+    )
+    assert response.status_code == 409 and response.json()["error"]["code"] == "mig_pending"
+    assert Gpu.objects.get(pk=gpu.pk).server.state == ServerState.MAINTENANCE
+    event = {
+        "kind": "mig",
+        "ts": timezone.now().isoformat(),
+        "uuid": gpu.uuid,
+        "generation": 1,
+        "outcome": "applied",
+        "message": "the GPU already has this MIG layout",
+    }
+    backend = SimulatedBackend("2xH100-80GB:mig=7g.80gb", hostname="node-m")
+    facts = [g.model_dump(mode="json") for g in backend.discover()]
+    ingest(server, heartbeat("node-m", seq=2, start=timezone.now(), gpus=facts, events=[event]))
+    response = people.client("operator").post(
+        f"/api/v1/servers/{server.pk}/state", {"state": "ready", "reason": "done"}, format="json"
+    )
+    assert response.status_code == 200, response.content
