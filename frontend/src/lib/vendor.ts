@@ -18,3 +18,18 @@ export function migSummary(gpu: Pick<ServerGpu, "mig_mode" | "mig_devices">): st
   const profiles = gpu.mig_devices.map((d) => d.profile || "?").sort();
   return `MIG: ${profiles.length ? profiles.join(" + ") : "no instances"}${pending}`;
 }
+
+/** "3g.40gb+2x1g.10gb" -> ["3g.40gb", "1g.10gb", "1g.10gb"], as the agent's spec reads it; "+me" stays with its
+ * profile ("1g.10gb+me"). Empty text is MIG on with no instances. */
+export function parseMigLayout(text: string): string[] {
+  const parts: string[] = [];
+  for (const raw of text.split("+")) {
+    const piece = raw.trim();
+    if (parts.length && piece && !/^\d/.test(piece)) parts[parts.length - 1] += `+${piece}`;
+    else if (piece) parts.push(piece);
+  }
+  return parts.flatMap((part) => {
+    const m = /^(\d+)x(.+)$/.exec(part);
+    return m ? Array<string>(Number(m[1])).fill(m[2]) : [part];
+  });
+}
