@@ -239,6 +239,8 @@ SPECTACULAR_SETTINGS = {
         "NetworkModeEnum": "controlplane.reservations.choices.NetworkMode",
         "QueuedRequestStateEnum": "controlplane.scheduling.choices.RequestState",
         "MountKindEnum": [("volume", "volume"), ("dataset", "dataset")],
+        "GpuVendorEnum": "controlplane.inventory.choices.Vendor",
+        "MigChangeEnum": "controlplane.inventory.choices.MigChange",
     },
 }
 

@@ -20,6 +20,7 @@ from nodeagent.backends.base import BackendUnavailable, GpuBackend
 from nodeagent.backends.simulated import SimulatedBackend, SimulatedSpecError
 from nodeagent.collectors import HostCollector
 from nodeagent.runtime.base import ContainerRuntime, NullRuntime
+from nodeagent.runtime.devices import GpuInfo
 
 if TYPE_CHECKING:
     from nodeagent.logship import LogShipper
@@ -36,13 +37,30 @@ def default_state_dir() -> str:
 
 
 def make_backend(
-    simulate: str | None, *, hostname: str, busy_source: Callable[[], set[str]] | None = None
+    simulate: str | None,
+    *,
+    hostname: str,
+    busy_source: Callable[[], set[str]] | None = None,
+    kind: str = "auto",
 ) -> GpuBackend:
+    """The simulated fleet when asked, else NVML or amdsmi; "auto" tries NVML, then amdsmi, and says why both
+    are unavailable when neither is."""
     if simulate:
         return SimulatedBackend(simulate, hostname=hostname, busy_source=busy_source)
+    from nodeagent.backends.amdsmi import AmdsmiBackend
     from nodeagent.backends.nvml import NvmlBackend
 
-    return NvmlBackend()
+    if kind == "nvml":
+        return NvmlBackend()
+    if kind == "amdsmi":
+        return AmdsmiBackend()
+    try:
+        return NvmlBackend()
+    except BackendUnavailable as nvidia:
+        try:
+            return AmdsmiBackend()
+        except BackendUnavailable as amd:
+            raise BackendUnavailable(f"{nvidia} Nor is AMD's: {amd}") from amd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated GPUs instead of NVML, e.g. 8xH100-80GB",
     )
     probe.add_argument("--hostname", default=env("NODEAGENT_HOSTNAME"))
+    probe.add_argument(
+        "--backend",
+        choices=("auto", "nvml", "amdsmi"),
+        default=env("NODEAGENT_BACKEND") or "auto",
+        help="where GPU facts come from: NVIDIA's NVML, AMD's amdsmi, or auto (NVML, then amdsmi)",
+    )
     probe.add_argument("--json", action="store_true", help="print JSON (a recordable fixture) instead of a table")
 
     run = sub.add_parser("run", help="report to the control plane and run the containers it asks for")
@@ -75,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated GPUs instead of NVML, e.g. 8xH100-80GB (NODEAGENT_SIMULATE)",
     )
     run.add_argument("--hostname", default=env("NODEAGENT_HOSTNAME"), help="name to report (NODEAGENT_HOSTNAME)")
+    run.add_argument(
+        "--backend",
+        choices=("auto", "nvml", "amdsmi"),
+        default=env("NODEAGENT_BACKEND") or "auto",
+        help="NVIDIA's NVML, AMD's amdsmi, or auto: NVML, then amdsmi (NODEAGENT_BACKEND)",
+    )
     run.add_argument(
         "--state-dir",
         default=env("NODEAGENT_STATE_DIR") or default_state_dir(),
@@ -177,7 +207,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     hostname = args.hostname or socket.gethostname()
     try:
-        backend = make_backend(args.simulate, hostname=hostname)
+        backend = make_backend(args.simulate, hostname=hostname, kind=args.backend)
     except SimulatedSpecError as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
@@ -200,6 +230,7 @@ def make_runtime(
     numa_cpus: dict[str, str],
     gpu_numa: Callable[[str], int | None],
     volumes: VolumeStore | None = None,
+    gpu_info: Callable[[str], GpuInfo | None] | None = None,
 ) -> ContainerRuntime:
     if kind == "none":
         return NullRuntime()
@@ -209,7 +240,12 @@ def make_runtime(
 
     try:
         return DockerRuntime(
-            state_dir=state_dir, node=hostname, numa_cpus=numa_cpus, gpu_numa=gpu_numa, volumes=volumes
+            state_dir=state_dir,
+            node=hostname,
+            numa_cpus=numa_cpus,
+            gpu_numa=gpu_numa,
+            volumes=volumes,
+            gpu_info=gpu_info,
         )
     except Exception as exc:  # docker.errors.DockerException and friends: say it plainly
         raise BackendUnavailable(f"cannot reach the Docker engine ({exc}); use --runtime none") from exc
@@ -260,6 +296,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     owner = container_owner(hostname, args.container_scope)
     host = HostCollector(hostname=hostname)
     gpu_numa: dict[str, int | None] = {}
+    gpu_info: dict[str, GpuInfo] = {}
     volumes: VolumeStore | None = None
     try:
         client = ControlPlaneClient(args.server)
@@ -275,12 +312,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             numa_cpus=host.collect().numa_cpus,
             gpu_numa=lambda uuid: gpu_numa.get(uuid),
             volumes=volumes,
+            gpu_info=lambda uuid: gpu_info.get(uuid),
         )
-        backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus)
+        backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus, kind=args.backend)
     except (ValueError, BackendUnavailable) as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
-    gpu_numa.update({g.uuid: g.numa_node for g in backend.discover()})
+    for gpu in backend.discover():
+        # A MIG device sits where its GPU does; it is NVIDIA's, given by its own uuid.
+        for uuid in [gpu.uuid, *(d.uuid for d in (gpu.mig.devices if gpu.mig else []))]:
+            gpu_numa[uuid] = gpu.numa_node
+            if not backend.simulated:  # simulated AMD GPUs have no render nodes to pass
+                gpu_info[uuid] = GpuInfo(vendor=gpu.vendor, pci_bus_id=gpu.pci_bus_id)
     if volumes is not None:
         volumes.start()
     # The listener only verifies against what the agent knows (its credential and server name), so it reads

@@ -29,6 +29,7 @@ from nodeagent.backends.base import GpuBackend
 from nodeagent.client import Backoff, ControlPlaneClient, CredentialRevoked, Rejected, TelemetryBuffer, Unreachable
 from nodeagent.collectors import EventCollector, GpuCollector, HostCollector
 from nodeagent.commands import CommandChannel, next_due
+from nodeagent.mig import MigResult
 from nodeagent.runtime.base import ContainerRuntime
 from nodeagent.volumes import VolumeStore
 
@@ -198,6 +199,8 @@ class Agent:
             # The monotonic clock starts again with the process; the wall clock says how much of the lease is gone.
             self._renewed_at = start - max(0.0, (self.clock.now() - renewed_at).total_seconds())
         self._stop = threading.Event()
+        # GPU uuid -> the MIG request generation last answered, so a resent request is not applied twice.
+        self._mig_answered: dict[str, int] = {}
         # Pushed commands (see nodeagent.commands), the desired state last applied, and the monotonic time
         # of the next window start, warning or stop the runtime must act on between heartbeats.
         self.commands = commands
@@ -448,6 +451,8 @@ class Agent:
         self._next_heartbeat = mono + self.interval
         self._renew(reply.lease_s, now, mono)
         self._converge(reply.desired, reply.stop, now, reply_seq=self.seq)
+        if reply.mig:
+            self.apply_mig(reply.mig, now)
 
     def _volumes_sent(self, volumes: list[schema.VolumeUsage]) -> None:
         # Only an answered heartbeat takes measurements off the queue; an unanswered one leaves them for the next.
@@ -557,6 +562,58 @@ class Agent:
             self.buffer.add_events(
                 [schema.AgentEvent(kind="error", ts=now, message=f"reconciling containers failed: {exc}"[:2000])]
             )
+
+    def apply_mig(self, wanted: list[schema.DesiredMig], now: datetime) -> None:
+        """Give GPUs the MIG layouts the control plane asks for, each only while none of our containers uses the
+        GPU or one of its MIG devices; the outcome goes back as a "mig" event naming the request's generation.
+
+        A layout the GPU already has is reported applied without touching it: recreating the instances would
+        give them new MIG uuids, and the control plane resends the request until it hears the outcome."""
+        facts = {g.uuid: g for g in self.gpus.facts(now)}
+        try:
+            busy = self.runtime.busy_gpus()
+        except Exception:  # without knowing, nothing is reconfigured; the next reply asks again
+            log.exception("asking the runtime which GPUs are busy failed")
+            return
+        changed = False
+        for request in wanted:
+            if self._mig_answered.get(request.uuid) == request.generation:
+                continue
+            gpu = facts.get(request.uuid)
+            mine = {request.uuid} | {d.uuid for d in (gpu.mig.devices if gpu and gpu.mig else [])}
+            if mine & busy:
+                continue  # drained by the control plane, but a container still stops: try on the next reply
+            if gpu is not None and gpu.mig is not None and _has_layout(gpu.mig, request):
+                result = MigResult("applied", "the GPU already has this MIG layout")
+            else:
+                try:
+                    result = self.backend.configure_mig(request.uuid, enabled=request.enabled, layout=request.layout)
+                except Exception as exc:  # a backend bug is a refusal the operator sees, not a dead agent
+                    log.exception("reconfiguring MIG on %s failed", request.uuid)
+                    result = MigResult("refused", f"the agent failed to reconfigure MIG: {exc}"[:2000])
+                changed = True
+            log.info("MIG on %s (request %d): %s, %s", request.uuid, request.generation, result.outcome, result.message)
+            self._mig_answered[request.uuid] = request.generation
+            self.buffer.add_events(
+                [
+                    schema.AgentEvent(
+                        kind="mig",
+                        ts=now,
+                        uuid=request.uuid,
+                        generation=request.generation,
+                        outcome=result.outcome,
+                        message=result.message[:2000],
+                    )
+                ]
+            )
+        if changed:
+            self.gpus.rediscover()
+
+
+def _has_layout(state: schema.MigState, request: schema.DesiredMig) -> bool:
+    if state.current != request.enabled or state.pending != request.enabled:
+        return False
+    return sorted(d.profile or "" for d in state.devices) == sorted(request.layout)
 
 
 def _clamp_interval(seconds: float) -> float:

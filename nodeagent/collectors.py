@@ -48,6 +48,10 @@ class GpuCollector:
                 self._known[gpu.uuid] = gpu
         return list(self._facts)
 
+    def rediscover(self) -> None:
+        """Discover again on the next reading (after a MIG reconfiguration changed the devices)."""
+        self._discovered_at = None
+
     def numa_node(self, uuid: str) -> int | None:
         gpu = self._known.get(uuid)
         return gpu.numa_node if gpu is not None else None

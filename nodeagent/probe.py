@@ -64,6 +64,15 @@ def _fmt(value: float | None, unit: str = "", digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}{unit}"
 
 
+def _mig_cell(mig: schema.MigState | None) -> str:
+    if mig is None:
+        return "-"
+    state = "on" if mig.current else "off"
+    if mig.pending != mig.current:
+        state += f" (pending {'on' if mig.pending else 'off'}: reset)"
+    return f"{state}, {len(mig.devices)} devices" if mig.current else state
+
+
 def render_table(report: ProbeReport) -> str:
     node = report.node
     label = " (SIMULATED)" if report.simulated else ""
@@ -72,19 +81,21 @@ def render_table(report: ProbeReport) -> str:
         f"CUDA {node.cuda_version or '-'}, {len(report.gpus)} GPUs",
     ]
     samples = {s.uuid: s.fields for s in report.samples}
-    header = ("IDX", "NAME", "UUID", "MEMORY", "PCI BUS ID", "NUMA", "NVLINK", "UTIL", "TEMP", "POWER")
+    header = ("IDX", "VENDOR", "NAME", "UUID", "MEMORY", "PCI BUS ID", "NUMA", "PEERS", "MIG", "UTIL", "TEMP", "POWER")
     rows = [header]
     for gpu in report.gpus:
         f = samples.get(gpu.uuid, {})
         rows.append(
             (
                 str(gpu.index),
+                gpu.vendor,
                 gpu.name,
                 gpu.uuid,
                 f"{gpu.memory_total_mib} MiB",
                 gpu.pci_bus_id or "-",
                 "-" if gpu.numa_node is None else str(gpu.numa_node),
                 str(len(gpu.nvlink_peers)),
+                _mig_cell(gpu.mig),
                 _fmt(f.get(schema.GPU_UTIL), "%"),
                 _fmt(f.get(schema.GPU_TEMP), " C"),
                 _fmt(f.get(schema.POWER_USAGE), " W", 1),
@@ -92,6 +103,10 @@ def render_table(report: ProbeReport) -> str:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for gpu in report.gpus:
+        for device in gpu.mig.devices if gpu.mig else []:
+            memory = "-" if device.memory_mib is None else f"{device.memory_mib} MiB"
+            lines.append(f"  GPU {gpu.index} MIG {device.profile or '?'} {device.uuid} {memory}")
     for uuid, fields in report.unavailable_fields.items():
         lines.append(f"{uuid}: not available here: {', '.join(fields)}")
     if node.numa_cpus:

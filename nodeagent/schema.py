@@ -100,7 +100,7 @@ class SshGatewayFacts(Strict):
 class NodeFacts(Strict):
     hostname: Annotated[str, Field(min_length=1, max_length=253)]
     agent_version: Annotated[str, Field(max_length=32)]
-    backend: Literal["nvml", "simulated"]
+    backend: Literal["nvml", "amdsmi", "simulated"]
     simulated: bool
     driver_version: ShortText | None = None
     cuda_version: ShortText | None = None
@@ -120,6 +120,42 @@ class NodeFacts(Strict):
     volumes: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
+Vendor = Literal["nvidia", "amd"]
+MAX_MIG_DEVICES = 8  # A100 and H100 have at most 7 MIG devices; NVML's own limit is 8 per GPU.
+# "1g.10gb", "3g.40gb", "1g.10gb+me", "1c.3g.40gb" (a compute instance sharing a 3-slice GPU instance).
+MigProfileName = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[0-9a-z.+]+$")]
+
+
+class MigDevice(Strict):
+    """One MIG device: a compute instance inside a GPU instance, what a container is given by its ``MIG-`` uuid.
+
+    Every field but the uuid may be null: the driver may not answer one of the calls that read it."""
+
+    uuid: Uuid
+    gpu_instance_id: Annotated[int, Field(ge=0, le=64)] | None = None
+    compute_instance_id: Annotated[int, Field(ge=0, le=64)] | None = None
+    # The GPU instance's profile as nvidia-smi names it, without NVML's "MIG " prefix: "3g.40gb".
+    profile: MigProfileName | None = None
+    # NVML's profile id (nvmlGpuInstanceInfo_t.profileId), which nvidia-smi -lgip lists as "ID".
+    profile_id: Annotated[int, Field(ge=0, le=64)] | None = None
+    memory_mib: Annotated[int, Field(ge=0)] | None = None
+    # Compute slices (the "Ng" of the profile) and memory slices (eighths of the memory) of the GPU instance.
+    compute_slices: Annotated[int, Field(ge=0, le=8)] | None = None
+    memory_slices: Annotated[int, Field(ge=0, le=8)] | None = None
+    # Where the GPU instance starts among the GPU's memory slices (nvmlGpuInstancePlacement_t.start).
+    placement_start: Annotated[int, Field(ge=0, le=8)] | None = None
+
+
+class MigState(Strict):
+    """A GPU's MIG mode and devices. ``pending`` differs from ``current`` when a mode change waits for a reset."""
+
+    current: bool
+    pending: bool
+    devices: list[MigDevice] = Field(default_factory=list, max_length=MAX_MIG_DEVICES)
+    # The profiles this GPU offers with how many of each fit on an empty GPU: {"1g.10gb": 7, "7g.80gb": 1}.
+    profiles: dict[MigProfileName, Annotated[int, Field(ge=0, le=8)]] = Field(default_factory=dict, max_length=32)
+
+
 class GpuFacts(Strict):
     uuid: Uuid
     index: Annotated[int, Field(ge=0, le=255)]
@@ -127,8 +163,14 @@ class GpuFacts(Strict):
     memory_total_mib: Annotated[int, Field(ge=0)]
     pci_bus_id: ShortText | None = None
     numa_node: Annotated[int, Field(ge=-1, le=1024)] | None = None
+    # NVLink peers on NVIDIA, XGMI peers on AMD: GPUs this one talks to without the PCIe switch.
     nvlink_peers: list[Uuid] = Field(default_factory=list, max_length=MAX_GPUS)
     serial: ShortText | None = None
+    # Left out of the JSON at their defaults, so an agent's report reads as before to a control plane that
+    # predates them (both sides forbid fields they do not know).
+    vendor: Vendor = Field(default="nvidia", exclude_if=lambda value: value == "nvidia")
+    # None: the GPU cannot do MIG (NVML answers NotSupported) or the backend does not know.
+    mig: MigState | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -195,8 +237,14 @@ class SessionInfo(Strict):
     reason: Annotated[str, Field(max_length=500)] = ""
 
 
+# applied: the GPU has the layout. refused: the GPU or NVML would not (the layout is unchanged or empty).
+# reset_required: the MIG mode change is pending until the GPU is reset (NVML's pending mode).
+MigOutcome = Literal["applied", "refused", "reset_required"]
+
+
 class AgentEvent(Strict):
-    kind: Literal["xid", "gpu_lost", "container", "agent", "error", "session"]
+    # "mig": the outcome of a MIG reconfiguration the control plane asked for (``HeartbeatReply.mig``).
+    kind: Literal["xid", "gpu_lost", "container", "agent", "error", "session", "mig"]
     ts: datetime
     uuid: Uuid | None = None
     xid: Annotated[int, Field(ge=0, le=100000)] | None = None
@@ -204,6 +252,10 @@ class AgentEvent(Strict):
     reservation: Annotated[str, Field(max_length=64)] | None = None
     # With kind "session": the SSH session. Left out of the JSON when None.
     session: SessionInfo | None = Field(default=None, exclude_if=lambda value: value is None)
+    # With kind "mig": the ``DesiredMig.generation`` it answers and how it ended; ``message`` gives the reason
+    # (NVML's, on a refusal). Left out of the JSON when None.
+    generation: Annotated[int, Field(ge=0)] | None = Field(default=None, exclude_if=lambda value: value is None)
+    outcome: MigOutcome | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ContainerReport(Strict):
@@ -444,6 +496,18 @@ class DesiredContainer(Strict):
         return self
 
 
+class DesiredMig(Strict):
+    """The MIG layout one GPU must have: MIG on or off, and its GPU instances by profile (one compute instance
+    spanning each). The agent applies it only while no container of its own uses the GPU, and reports the
+    outcome as a "mig" event naming ``generation``; the GPU's facts then show the layout it has."""
+
+    uuid: Uuid
+    enabled: bool
+    layout: list[MigProfileName] = Field(default_factory=list, max_length=MAX_MIG_DEVICES)
+    # The control plane's count of layouts asked for this GPU, so a report answers the request it belongs to.
+    generation: Annotated[int, Field(ge=0)]
+
+
 class HeartbeatReply(Strict):
     schema_version: Literal[1] = SCHEMA_VERSION
     server: ShortText
@@ -456,6 +520,8 @@ class HeartbeatReply(Strict):
     # an agent that says it fences (``NodeFacts.fencing``), and left out of the JSON otherwise, because an older
     # agent refuses a reply with a field it does not know.
     lease_s: Annotated[float, Field(gt=0)] | None = Field(default=None, exclude_if=lambda value: value is None)
+    # MIG layouts to apply. Sent only while an operator's reconfiguration waits, left out of the JSON otherwise.
+    mig: list[DesiredMig] = Field(default_factory=list, max_length=MAX_GPUS, exclude_if=lambda value: not value)
 
 
 class EnrollRequest(Strict):

@@ -512,6 +512,13 @@ ROWS.extend(
         row("GET", "/api/v1/gpus/", **ANY_USER),
         row("GET", "/api/v1/gpus/{gpu}/", **ANY_USER),
         row("POST", "/api/v1/gpus/{gpu}/acknowledge/", body={"reason": "m"}, **OPERATORS_WRITE),
+        # Past authorization an operator is refused for the world's server: it is ready, not drained.
+        row(
+            "POST",
+            "/api/v1/gpus/{gpu}/mig/",
+            body={"enabled": True, "layout": ["7g.80gb"]},
+            **{**OPERATORS_WRITE, "operator": 409},
+        ),
         row("GET", "/api/v1/join-tokens/", **OPERATORS_READ),
         row("POST", "/api/v1/join-tokens/", body={"note": "matrix"}, **OPERATORS_CREATE),
         row("GET", "/api/v1/join-tokens/{join_token}/", **OPERATORS_READ),

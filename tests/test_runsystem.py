@@ -30,6 +30,12 @@ def test_fleet_is_read_as_hosts_with_gpu_specs():
     ]
 
 
+def test_a_fleet_entry_may_give_a_mig_layout_that_reaches_the_agent_spec():
+    (member,) = parse_fleet("sim-mig-01=2xH100-80GB:mig=3g.40gb+2x2g.20gb")
+    assert member == FleetMember("sim-mig-01", 2, "H100-80GB", ":mig=3g.40gb+2x2g.20gb")
+    assert member.spec == "2xH100-80GB:mig=3g.40gb+2x2g.20gb"
+
+
 @pytest.mark.parametrize("raw", ["sim-01", "sim-01=H100", "sim-01=0xH100-80GB", "Sim_01=8xH100-80GB", "=8xH100"])
 def test_a_malformed_fleet_entry_is_refused_naming_the_variable(raw):
     with pytest.raises(CommandError, match="RUNSYSTEM_FLEET"):
@@ -397,8 +403,8 @@ def test_check_brings_up_the_default_simulated_fleet(embedded_only, tmp_path):
         pytest.fail(f"runsystem --check did not finish: {exc.stdout!s}{exc.stderr!s}")
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
-    assert "check ok: 3 servers, 20 GPUs, simulated" in output
-    for hostname in ("sim-h100-01", "sim-h100-02", "sim-a100-01"):
+    assert "check ok: 4 servers, 24 GPUs, simulated" in output
+    for hostname in ("sim-h100-01", "sim-h100-02", "sim-a100-01", "sim-mi300x-01"):
         assert f"{hostname}: ready" in output
 
 

@@ -27,6 +27,7 @@ from django.utils import timezone
 from controlplane.core import rows, tokens
 from controlplane.core.errors import PermissionDenied, ValidationFailed
 from controlplane.fleet import desired, fencing, health
+from controlplane.fleet import mig as fleet_mig
 from controlplane.fleet.authentication import CredentialRefused
 from controlplane.fleet.bulk import Statement, bulk_set_statement, execute_together, update_row_statement
 from controlplane.fleet.models import NodeCredential
@@ -55,7 +56,8 @@ def _catalog_for(names: dict[str, int], server: Server, events: list[ServerEvent
             n += 1
             name = f"{base}-{n}"
         model, created = GpuModel.objects.get_or_create(
-            product_name=product_name, defaults={"name": name, "memory_mib": memory_mib}
+            product_name=product_name,
+            defaults={"name": name, "memory_mib": memory_mib, "vendor": fleet_mig.vendor_of(product_name)},
         )
         found[product_name] = model
         if created:
@@ -80,6 +82,7 @@ def _apply_facts(gpu: Gpu, facts: schema.GpuFacts, dirty: set[str]) -> None:
         "pci_bus_id": facts.pci_bus_id or "",
         "numa_node": facts.numa_node,
         "nvlink_peers": list(facts.nvlink_peers),
+        **fleet_mig.reported_values(facts),
     }
     for field, value in values.items():
         if getattr(gpu, field) != value:
@@ -151,6 +154,7 @@ def _ingest(
 
     gpus: dict[str, Gpu] = {g.uuid: g for g in found}
     previous_fields = {uuid: dict(g.telemetry) for uuid, g in gpus.items()}
+    previous_mig = {uuid: g.mig for uuid, g in gpus.items()}
     reported = {f.uuid: f for f in heartbeat.gpus}
     dirty: set[str] = set()
     changed: dict[str, Gpu] = {}
@@ -366,6 +370,10 @@ def _ingest(
     work = execute_together(writes, query=probe)
     for field, value in updates.items():
         setattr(server, field, value)
+    fleet_mig.after_ingest(
+        server=server, gpus=gpus, before=previous_mig, agent_events=heartbeat.events, events=events, actor=actor,
+        now=now,
+    )  # fmt: skip
     if events:
         ServerEvent.objects.bulk_create(events)
 
@@ -388,6 +396,7 @@ def _ingest(
         stop=stop,
         # Only to an agent that fences: an older one would refuse a reply with a field it does not know.
         lease_s=fencing.lease_s(server.heartbeat_interval_s) if heartbeat.node.fencing else None,
+        mig=fleet_mig.desired_for(gpus.values()),
     )
 
 

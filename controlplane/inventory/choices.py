@@ -15,6 +15,20 @@ class GpuHealth(models.TextChoices):
     UNHEALTHY = "unhealthy", "Unhealthy"
 
 
+class Vendor(models.TextChoices):
+    NVIDIA = "nvidia", "NVIDIA"
+    AMD = "amd", "AMD"
+
+
+class MigChange(models.TextChoices):
+    """Where an operator's MIG reconfiguration of a GPU stands."""
+
+    NONE = "", "None"
+    APPLYING = "applying", "Waiting for the agent"
+    RESET_REQUIRED = "reset_required", "Mode change pending a GPU reset"
+    REFUSED = "refused", "Refused by the GPU"
+
+
 class EventKind(models.TextChoices):
     STATE = "state", "State change"
     ENROLLED = "enrolled", "Enrolled"
@@ -25,3 +39,8 @@ class EventKind(models.TextChoices):
     GPU_HEALTH = "gpu_health", "GPU health changed"
     GPU_ACKNOWLEDGED = "gpu_acknowledged", "GPU fault acknowledged"
     GPU_MODEL_ADDED = "gpu_model_added", "Unknown GPU model added to the catalog"
+    MIG_CHANGED = "mig_changed", "MIG devices changed"
+    MIG_REQUESTED = "mig_requested", "MIG reconfiguration requested"
+    MIG_APPLIED = "mig_applied", "MIG reconfiguration applied"
+    MIG_REFUSED = "mig_refused", "MIG reconfiguration refused"
+    MIG_RESET_REQUIRED = "mig_reset_required", "MIG mode change pending a GPU reset"

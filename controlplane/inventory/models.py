@@ -7,7 +7,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
+from controlplane.inventory.choices import EventKind, GpuHealth, MigChange, ServerState, Vendor
 
 
 class Site(models.Model):
@@ -40,6 +40,7 @@ class GpuModel(models.Model):
     # What NVML calls it ("NVIDIA H100 80GB HBM3"); discovery maps reported GPUs to the catalog by this.
     product_name = models.CharField(max_length=128, unique=True)
     memory_mib = models.PositiveIntegerField()
+    vendor = models.CharField(max_length=16, choices=Vendor.choices, default=Vendor.NVIDIA)
     price_per_gpu_hour = models.DecimalField(
         max_digits=10, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
     )
@@ -101,6 +102,15 @@ class Gpu(models.Model):
     telemetry = models.JSONField(default=dict, blank=True, help_text="Latest sample, DCGM field names.")
     telemetry_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    vendor = models.CharField(max_length=16, choices=Vendor.choices, default=Vendor.NVIDIA)
+    # The MIG state as the agent last reported it (nodeagent.schema.MigState as JSON); null: the GPU cannot do
+    # MIG. Kept whole on the row so the heartbeat compares it without a statement; MigDevice rows follow it.
+    mig = models.JSONField(null=True, blank=True)
+    # An operator's reconfiguration: the layout asked for ({"enabled": bool, "layout": [...]}), its number
+    # (sent to the agent, which answers naming it) and where it stands.
+    mig_desired = models.JSONField(null=True, blank=True)
+    mig_generation = models.PositiveIntegerField(default=0)
+    mig_change = models.CharField(max_length=16, choices=MigChange.choices, default=MigChange.NONE, blank=True)
 
     class Meta:
         ordering = ["server__hostname", "index"]
@@ -114,6 +124,31 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server.hostname}:{self.index} ({self.uuid})"
+
+
+class MigDevice(models.Model):
+    """A MIG device of a GPU (a compute instance in a GPU instance): the unit a slice booking will rent.
+
+    Rows follow the agent's reports: a device that is no longer reported is deleted, one with a new uuid is
+    added, so its uuid is what a container is given."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_devices")
+    uuid = models.CharField(max_length=64, unique=True)
+    profile = models.CharField(max_length=32, blank=True, help_text='As nvidia-smi names it, e.g. "3g.40gb".')
+    profile_id = models.PositiveSmallIntegerField(null=True, blank=True)
+    gpu_instance_id = models.PositiveSmallIntegerField(null=True, blank=True)
+    compute_instance_id = models.PositiveSmallIntegerField(null=True, blank=True)
+    memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    compute_slices = models.PositiveSmallIntegerField(null=True, blank=True)
+    memory_slices = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The first of the GPU's eight memory slices it covers: with memory_slices, the span a booking excludes.
+    placement_start = models.PositiveSmallIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["gpu", "placement_start", "uuid"]
+
+    def __str__(self) -> str:
+        return f"{self.gpu}: MIG {self.profile or '?'} ({self.uuid})"
 
 
 class ServerEvent(models.Model):

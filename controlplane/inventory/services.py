@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.inventory import hooks
-from controlplane.inventory.choices import EventKind, ServerState
+from controlplane.inventory.choices import EventKind, MigChange, ServerState
 from controlplane.inventory.models import Gpu, Server, ServerEvent
 
 NODE_LOSS_ACTOR = "system:node-loss"
@@ -85,6 +85,16 @@ def server_set_state(*, server: Server, to: str, actor: Any, reason: str) -> Ser
     # Conditional on the state we checked: a heartbeat or node-loss detection may have moved it meanwhile.
     if Server.objects.filter(pk=server.pk, state=current).update(state=to, state_before_offline="") != 1:
         raise Conflict(f"Server {server.hostname} changed state meanwhile; look again and retry.", code="stale_state")
+    if to == ServerState.READY:
+        # Checked under the row lock the update took: a MIG request locks the server row too, so one committed
+        # before is seen here and one after sees the server ready and is refused.
+        waiting = Gpu.objects.filter(server_id=server.pk, mig_change=MigChange.APPLYING).values_list("index", flat=True)
+        if waiting:
+            raise Conflict(
+                f"GPU {', '.join(map(str, sorted(waiting)))} of {server.hostname} waits for its agent to apply a MIG "
+                "layout; the server returns to ready after the agent reports.",
+                code="mig_pending",
+            )
     server_event(
         server=server, kind=EventKind.STATE, actor=actor, reason=reason, from_state=current, to_state=to
     ).save()

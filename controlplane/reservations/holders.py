@@ -62,3 +62,9 @@ def reservations_on_server(*, server: Server, now: datetime | None = None) -> li
             }
         entry["gpus"].append(allocation.gpu.index)
     return list(by_reservation.values())
+
+
+def gpus_holding(*, gpu_ids: Iterable[int], now: datetime | None = None) -> list[dict[str, Any]]:
+    """The reservations holding any of these GPUs now or later, earliest first (what must end, or be moved,
+    before the GPU can change underneath them)."""
+    return [_reservation_facts(a) for a in _holding(gpu_ids, now=now or timezone.now())]

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
 from nodeagent import schema
+from nodeagent.mig import MigResult
 
 
 class BackendUnavailable(RuntimeError):
@@ -18,7 +19,7 @@ class GpuBackend(Protocol):
 
     # Read-only here so a backend may declare them as plain class attributes with narrower types.
     @property
-    def name(self) -> Literal["nvml", "simulated"]: ...
+    def name(self) -> Literal["nvml", "amdsmi", "simulated"]: ...
 
     @property
     def simulated(self) -> bool: ...
@@ -47,6 +48,11 @@ class GpuBackend(Protocol):
 
     def poll_events(self, now: datetime) -> list[schema.AgentEvent]:
         """Events since the last poll, without blocking."""
+        ...
+
+    def configure_mig(self, uuid: str, *, enabled: bool, layout: list[str]) -> MigResult:
+        """Give one GPU this MIG layout (GPU instance profiles, one compute instance each); a backend or GPU
+        without MIG refuses, saying why."""
         ...
 
     def close(self) -> None: ...

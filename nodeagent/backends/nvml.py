@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from nodeagent import schema
 from nodeagent.backends.base import BackendUnavailable
+from nodeagent.backends.nvml_mig import NvmlMig
+from nodeagent.mig import MigResult
 from nodeagent.xid import xid_event
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ class NvmlBackend:
         self.events_supported = False
         self.events_detail: str | None = None
         self._event_set: Any = None
+        self._mig = NvmlMig(nvml)
 
     # -- reading helpers ------------------------------------------------------------------------------------
 
@@ -161,6 +164,7 @@ class NvmlBackend:
                 "pci_bus_id": bus_id,
                 "numa_node": numa,
                 "serial": self._optional("nvmlDeviceGetSerial", handle),
+                "mig": self._mig.state(handle),
             }
 
         on_switch: set[str] = set()
@@ -203,6 +207,20 @@ class NvmlBackend:
             if kind == _NVLINK_SWITCH:
                 switched = True
         return peers, switched
+
+    # -- MIG ------------------------------------------------------------------------------------------------
+
+    def configure_mig(self, uuid: str, *, enabled: bool, layout: list[str]) -> MigResult:
+        """Give the GPU this MIG layout through NVML (``nodeagent.backends.nvml_mig``). The caller makes sure
+        nothing of ours runs on the GPU; NVML refuses (IN_USE) when anything else does."""
+        if not self._handles:
+            self.discover()
+        handle = self._handles.get(uuid)
+        if handle is None:
+            return MigResult("refused", f"GPU {uuid} is not on this node")
+        result = self._mig.configure(handle, enabled=enabled, layout=layout)
+        self.discover()  # the MIG devices changed: the next heartbeat reports the new ones
+        return result
 
     # -- events ---------------------------------------------------------------------------------------------
 

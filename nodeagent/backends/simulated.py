@@ -1,6 +1,9 @@
 """A declared fleet of simulated GPUs, for the demo and the tests. Always labelled simulated.
 
-A spec such as ``8xH100-80GB`` gives the GPUs; UUIDs derive from the hostname and index, so a restarted agent
+A spec such as ``8xH100-80GB`` gives the GPUs, ``2xA100-80GB:mig=3g.40gb+2g.20gb+2x1g.10gb`` the same with MIG
+on and that layout on every GPU (``:mig=`` alone: MIG on, no instances yet). MIG follows NVIDIA's profile
+tables (``nodeagent.mig``) for A100-40GB, A100-80GB and H100-80GB; AMD models (MI250X, MI300X) report
+vendor "amd" and XGMI peers. UUIDs derive from the hostname and index, so a restarted agent
 reports the same GPUs. Telemetry is plausible rather than random: utilization moves (towards busy when the
 runtime runs a container on the GPU), power follows utilization, the energy counter integrates power and the
 temperature follows power with a lag. Faults (XID, ECC double-bit error, overheating, a GPU that falls off the
@@ -18,6 +21,7 @@ from datetime import datetime
 from typing import Literal
 
 from nodeagent import schema
+from nodeagent.mig import PROFILES, LayoutError, MigResult, parse_layout, place
 from nodeagent.xid import xid_event
 
 _NAMESPACE = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, "simulated.nodeagent.gpu-control-plane")
@@ -36,7 +40,8 @@ class GpuModel:
     tdp_w: float
     idle_w: float
     max_sm_clock_mhz: int
-    nvlink: bool
+    nvlink: bool  # NVLink on NVIDIA, XGMI on AMD: every GPU of the server is a peer
+    vendor: schema.Vendor = "nvidia"
 
 
 CATALOG: dict[str, GpuModel] = {
@@ -47,10 +52,13 @@ CATALOG: dict[str, GpuModel] = {
         GpuModel("A100-40GB", "NVIDIA A100-SXM4-40GB", 40960, 400.0, 55.0, 1410, True),
         GpuModel("A100-80GB", "NVIDIA A100-SXM4-80GB", 81920, 400.0, 60.0, 1410, True),
         GpuModel("L40S", "NVIDIA L40S", 46068, 350.0, 35.0, 2520, False),
+        # As amdsmi names them (amdsmi_get_gpu_asic_info market_name); an MI250X shows as two devices (GCDs).
+        GpuModel("MI250X", "AMD Instinct MI250X", 65536, 500.0, 90.0, 1700, True, "amd"),
+        GpuModel("MI300X", "AMD Instinct MI300X", 196592, 750.0, 120.0, 2100, True, "amd"),
     )
 }
 
-_SPEC = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9-]*)\s*$")
+_SPEC = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9-]*)\s*(?::\s*mig=([0-9a-z.+x,]*))?\s*$")
 
 
 class SimulatedSpecError(ValueError):
@@ -61,9 +69,12 @@ class SimulatedSpecError(ValueError):
 class FleetSpec:
     count: int
     model: GpuModel
+    # None: MIG off. A tuple (maybe empty): MIG on with these GPU instance profiles on every GPU.
+    mig: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
-        return f"{self.count}x{self.model.key}"
+        mig = "" if self.mig is None else ":mig=" + "+".join(self.mig)
+        return f"{self.count}x{self.model.key}{mig}"
 
 
 def parse_spec(spec: str) -> FleetSpec:
@@ -80,7 +91,19 @@ def parse_spec(spec: str) -> FleetSpec:
     if model is None:
         known = ", ".join(m.key for m in CATALOG.values())
         raise SimulatedSpecError(f"simulated fleet spec {spec!r}: unknown GPU model {match.group(2)!r}; known: {known}")
-    return FleetSpec(count=count, model=model)
+    mig: tuple[str, ...] | None = None
+    if match.group(3) is not None:
+        profiles = PROFILES.get(model.key)
+        if profiles is None:
+            raise SimulatedSpecError(
+                f"simulated fleet spec {spec!r}: {model.key} has no MIG; MIG models: {', '.join(PROFILES)}"
+            )
+        mig = tuple(parse_layout(match.group(3)))
+        try:
+            place(profiles, mig)
+        except LayoutError as exc:
+            raise SimulatedSpecError(f"simulated fleet spec {spec!r}: {exc}") from exc
+    return FleetSpec(count=count, model=model, mig=mig)
 
 
 def simulated_uuid(hostname: str, index: int) -> str:
@@ -104,6 +127,7 @@ class _Gpu:
     last_xid: int = 0
     pending: list[int] = field(default_factory=list)
     lost_reported: bool = False
+    mig: schema.MigState | None = None
 
 
 Fault = Literal["xid", "ecc_dbe", "overheat", "disappear"]
@@ -146,15 +170,63 @@ class SimulatedBackend:
                 numa_node=0 if index < max(1, count // 2) else 1,
                 nvlink_peers=peers,
                 serial=f"SIM-{uuid[4:12]}",
+                vendor=model.vendor,
             )
             gpu = _Gpu(facts=facts, rng=random.Random(base_seed + index))
             gpu.power_w = model.idle_w
             self._gpus.append(gpu)
+            profiles = PROFILES.get(model.key)
+            if profiles is not None:
+                offered = {p.name: p.instances for p in profiles.values()}
+                gpu.mig = schema.MigState(current=False, pending=False, profiles=offered)
+                if self.spec.mig is not None:
+                    self._apply_mig(gpu, list(self.spec.mig))
 
     # -- the interface --------------------------------------------------------------------------------------
 
     def discover(self) -> list[schema.GpuFacts]:
-        return [g.facts.model_copy(deep=True) for g in self._gpus if g.present]
+        return [g.facts.model_copy(update={"mig": g.mig}, deep=True) for g in self._gpus if g.present]
+
+    def configure_mig(self, uuid: str, *, enabled: bool, layout: list[str]) -> MigResult:
+        """As NVML would: refused when the model has no MIG or the layout does not fit its profile table."""
+        try:
+            g = self._find(uuid)
+        except KeyError as exc:
+            return MigResult("refused", str(exc.args[0]))
+        if g.mig is None:
+            return MigResult("refused", f"{self.spec.model.key} cannot do MIG (NVML_ERROR_NOT_SUPPORTED)")
+        if not enabled:
+            if layout:
+                return MigResult("refused", "a layout needs MIG enabled")
+            g.mig = g.mig.model_copy(update={"current": False, "pending": False, "devices": []})
+            return MigResult("applied", "MIG disabled")
+        try:
+            self._apply_mig(g, layout)
+        except LayoutError as exc:
+            return MigResult("refused", f"{exc} (NVML_ERROR_INSUFFICIENT_RESOURCES)")
+        return MigResult("applied", "MIG layout " + (" + ".join(layout) if layout else "empty") + " applied")
+
+    def _apply_mig(self, g: _Gpu, layout: list[str]) -> None:
+        profiles = PROFILES[self.spec.model.key]
+        placed = place(profiles, layout)
+        devices = []
+        for gi_id, (profile, start) in enumerate(sorted(placed, key=lambda p: p[1]), start=1):
+            mig_uuid = "MIG-" + str(uuidlib.uuid5(_NAMESPACE, f"{g.facts.uuid}/{start}/{profile.name}"))
+            devices.append(
+                schema.MigDevice(
+                    uuid=mig_uuid,
+                    gpu_instance_id=gi_id,
+                    compute_instance_id=0,
+                    profile=profile.name,
+                    profile_id=profile.profile_id,
+                    memory_mib=profile.memory_mib,
+                    compute_slices=profile.compute_slices,
+                    memory_slices=profile.memory_slices,
+                    placement_start=start,
+                )
+            )
+        assert g.mig is not None
+        g.mig = g.mig.model_copy(update={"current": True, "pending": True, "devices": devices})
 
     def sample(self, now: datetime) -> list[schema.GpuSample]:
         busy = self.busy_source() if self.busy_source is not None else None
@@ -217,7 +289,8 @@ class SimulatedBackend:
             # No runtime to ask: a random walk, so charts move in the demo.
             g.util = _clamp(g.util + rng.uniform(-15, 15), 0, 100)
         else:
-            target = rng.uniform(85, 100) if g.facts.uuid in busy else rng.uniform(0, 2)
+            mine = {g.facts.uuid} | {d.uuid for d in (g.mig.devices if g.mig else [])}
+            target = rng.uniform(85, 100) if mine & busy else rng.uniform(0, 2)
             g.util = _clamp(g.util + (target - g.util) * 0.6, 0, 100)
         # Power follows utilization between idle and TDP.
         g.power_w = min(model.tdp_w, model.idle_w + (model.tdp_w - model.idle_w) * g.util / 100 * rng.uniform(0.9, 1))

@@ -19,6 +19,7 @@ from docker.types import Mount
 from requests.exceptions import RequestException
 
 from nodeagent import schema
+from nodeagent.runtime.devices import AmdDevices
 
 LABEL_LAUNCH = "gpucp.launch_id"
 LABEL_RESERVATION = "gpucp.reservation"
@@ -121,15 +122,18 @@ def create_args(
     cpuset: str | None,
     nvidia_runtime: bool,
     mounts: Sequence[Mount] = (),
+    amd: AmdDevices | None = None,
 ) -> dict[str, Any]:
     """The ``containers.create`` arguments for a launch: its GPUs and nothing else, its labels, its limits, its
-    volume and dataset mounts (checked by ``nodeagent.runtime.mounts``) and its ``network_mode``."""
+    volume and dataset mounts (checked by ``nodeagent.runtime.mounts``) and its ``network_mode``. ``amd``: the
+    launch's GPUs are AMD's, and these are their device nodes (``nodeagent.runtime.devices``)."""
     gpus = ",".join(spec.gpu_uuids)
     env = dict(spec.env)
     # Ours last: a tenant's env must not widen the GPUs it sees or fake its window.
     env.update(
         {
-            "NVIDIA_VISIBLE_DEVICES": gpus,
+            # On an AMD launch, "void": no NVIDIA GPU at all, even where NVIDIA's runtime is the default.
+            "NVIDIA_VISIBLE_DEVICES": "void" if amd is not None else gpus,
             "GPUCP_RESERVATION": spec.reservation,
             "GPUCP_WINDOW_END": iso(spec.window_end),
             "GPUCP_WARN_FILE": WARN_FILE,
@@ -165,7 +169,11 @@ def create_args(
         args["pids_limit"] = pids
     if cpuset:
         args["cpuset_cpus"] = cpuset
-    if nvidia_runtime:
+    if amd is not None:
+        env.update(amd.env)
+        args["devices"] = list(amd.devices)
+        args["group_add"] = list(amd.group_add)
+    elif nvidia_runtime:
         args["device_requests"] = [
             docker.types.DeviceRequest(driver="nvidia", device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
         ]

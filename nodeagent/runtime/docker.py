@@ -52,6 +52,7 @@ from nodeagent.runtime.containers import (
     launch_report,
     safe_id,
 )
+from nodeagent.runtime.devices import AmdDevices, DeviceError, GpuInfo, amd_devices
 from nodeagent.runtime.mounts import LaunchRefused, mounts_for, network_for
 from nodeagent.volumes import VolumeStore
 
@@ -87,7 +88,8 @@ class DockerRuntime:
     """The agent's container runtime on a Docker engine. Follows ``nodeagent.runtime.base.ContainerRuntime``.
 
     ``node`` names this agent in the ``gpucp.node`` label, so several agents may share one engine (the
-    demo's simulated fleet does) without touching each other's containers. ``gpu_numa`` maps a GPU uuid to
+    demo's simulated fleet does) without touching each other's containers. ``gpu_info`` gives a GPU's vendor and
+    PCI bus, so AMD launches get their render nodes (found under ``sysfs_root``). ``gpu_numa`` maps a GPU uuid to
     its NUMA node and ``numa_cpus`` a NUMA node to its CPU list; with both known, the container is pinned
     to those CPUs. ``nvidia_runtime`` None means: ask the engine. ``volumes`` is the node's volume root
     (None: launches that mount volumes or datasets are refused). ``network_mode`` is what a launch without
@@ -111,6 +113,8 @@ class DockerRuntime:
         prepare_ahead_s: float = PREPARE_AHEAD_S,
         workers: int = 4,
         volumes: VolumeStore | None = None,
+        gpu_info: Callable[[str], GpuInfo | None] | None = None,
+        sysfs_root: Path | str = "/sys",
     ) -> None:
         self.client = client if client is not None else docker.from_env(timeout=30)
         self.node = node or socket.gethostname()
@@ -119,6 +123,9 @@ class DockerRuntime:
         self.launch_root.mkdir(parents=True, exist_ok=True)
         self.numa_cpus = dict(numa_cpus or {})
         self._gpu_numa = gpu_numa
+        # uuid -> vendor and PCI bus, so an AMD launch gets its render nodes; None: every GPU is NVIDIA's.
+        self._gpu_info = gpu_info
+        self.sysfs_root = Path(sysfs_root)
         self.nvidia_runtime = detect_nvidia_runtime(self.client) if nvidia_runtime is None else nvidia_runtime
         self.network_mode = network_mode
         self.volumes = volumes
@@ -464,7 +471,7 @@ class DockerRuntime:
         try:
             # Here, in a worker: measuring a volume against its limit may walk network storage for a while.
             args = self._create_args(spec, mount_dir)
-        except LaunchRefused as exc:
+        except (LaunchRefused, DeviceError) as exc:
             return _Outcome(failure=str(exc))
         try:
             container = self.client.containers.create(**args)
@@ -523,7 +530,21 @@ class DockerRuntime:
             cpuset=self.cpuset_for(spec.gpu_uuids),
             nvidia_runtime=self.nvidia_runtime,
             mounts=mounts_for(spec, self.volumes),
+            amd=self.amd_devices_for(spec.gpu_uuids),
         )
+
+    def amd_devices_for(self, gpu_uuids: Iterable[str]) -> AmdDevices | None:
+        """The device nodes of the launch's GPUs when they are AMD's; None for NVIDIA's (or unknown) GPUs.
+        Raises ``DeviceError`` when an AMD GPU's render node cannot be found, or the launch mixes vendors."""
+        if self._gpu_info is None:
+            return None
+        infos = [self._gpu_info(uuid) for uuid in gpu_uuids]
+        vendors = {info.vendor if info is not None else "nvidia" for info in infos}
+        if vendors == {"nvidia"}:
+            return None
+        if len(vendors) > 1:
+            raise DeviceError("a launch cannot mix NVIDIA and AMD GPUs")
+        return amd_devices([info for info in infos if info is not None], sysfs_root=self.sysfs_root)
 
     def cpuset_for(self, gpu_uuids: Iterable[str]) -> str | None:
         """The CPUs of the NUMA node(s) the GPUs sit on; None when any of them is unknown (no pinning then)."""

@@ -31,6 +31,7 @@ class ControlPlaneDouble:
     heartbeat_interval_s: float = 5.0
     desired: list[dict[str, Any]] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    mig: list[dict[str, Any]] = field(default_factory=list)  # DesiredMig requests the reply carries
     # The lease the reply gives an agent that says it fences; None plays a control plane without fencing.
     lease_s: float | None = None
     # Seconds every request waits before it is answered: a control plane (or a network) that does not answer.
@@ -108,6 +109,8 @@ class ControlPlaneDouble:
                 "desired": self.desired,
                 "stop": self.stop,
             }
+            if self.mig:
+                reply["mig"] = self.mig
             if self.lease_s is not None and body["node"].get("fencing"):
                 reply["lease_s"] = self.lease_s
             return 200, reply

@@ -13,8 +13,44 @@ from typing import Any
 
 import pynvml as real
 
+from nodeagent.mig import MEMORY_SLICES, PROFILES, MigProfile
+
 MIB = 1024 * 1024
 SWITCH = "switch"
+
+
+@dataclass(eq=False)
+class FakeGpuInstance:
+    gpu: FakeGpu
+    id: int
+    profile: MigProfile
+    start: int
+    compute: dict[int, FakeComputeInstance] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class FakeComputeInstance:
+    gi: FakeGpuInstance
+    id: int
+    uuid: str
+    busy: bool = False  # a process runs on it: destroying it is NVML_ERROR_IN_USE
+
+
+@dataclass
+class FakeMig:
+    """A MIG-capable GPU as NVML shows it: mode (current, pending) and its GPU/compute instances.
+
+    ``reset_required``: a mode change only sets the pending mode (A100 without a reset, as NVML documents);
+    otherwise it applies at once (H100 with no process on the GPU). The driver places a new GPU instance at the
+    first start of its profile that is free, as ``nvmlDeviceCreateGpuInstance`` does."""
+
+    model: str  # a key of nodeagent.mig.PROFILES
+    current: int = 0
+    pending: int = 0
+    reset_required: bool = False
+    instances: dict[int, FakeGpuInstance] = field(default_factory=dict)
+    unsupported: set[str] = field(default_factory=set)  # MIG calls that answer NotSupported
+    serial: int = 0
 
 
 @dataclass(eq=False)
@@ -38,6 +74,7 @@ class FakeGpu:
     unsupported: set[str] = field(default_factory=set)
     broken: set[str] = field(default_factory=set)
     lost: bool = False
+    mig: FakeMig | None = None  # None: NotSupported on every MIG call, as on a GPU without MIG
 
 
 class FakeNvml:
@@ -99,7 +136,9 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         return self.gpus[index]
 
-    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu | FakeComputeInstance) -> str:
+        if isinstance(gpu, FakeComputeInstance):
+            return self._mig_answer(gpu.gi.gpu, "nvmlDeviceGetUUID", gpu.uuid)
         return self._answer(gpu, "nvmlDeviceGetUUID", gpu.uuid)
 
     def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
@@ -108,7 +147,11 @@ class FakeNvml:
     def nvmlDeviceGetSerial(self, gpu: FakeGpu) -> str:
         return self._answer(gpu, "nvmlDeviceGetSerial", f"serial-{gpu.uuid[-4:]}")
 
-    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu | FakeComputeInstance) -> SimpleNamespace:
+        if isinstance(gpu, FakeComputeInstance):
+            total = gpu.gi.profile.memory_mib * MIB
+            info = SimpleNamespace(total=total, used=0, free=total)
+            return self._mig_answer(gpu.gi.gpu, "nvmlDeviceGetMemoryInfo", info)
         total, used = gpu.memory_total_mib * MIB, gpu.memory_used_mib * MIB
         return self._answer(gpu, "nvmlDeviceGetMemoryInfo", SimpleNamespace(total=total, used=used, free=total - used))
 
@@ -169,6 +212,145 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
         return self._answer(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons", gpu.throttle)
+
+    # -- MIG ------------------------------------------------------------------------------------------------
+
+    def _mig(self, gpu: FakeGpu, function: str) -> FakeMig:
+        self.calls.append(function)
+        if gpu.mig is None or function in gpu.mig.unsupported:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.mig
+
+    def _mig_answer(self, gpu: FakeGpu, function: str, value: Any) -> Any:
+        self._mig(gpu, function)
+        return value
+
+    def _profile_for_index(self, mig: FakeMig, index: int) -> MigProfile:
+        for profile in PROFILES[mig.model].values():
+            if getattr(real, profile.nvml_index) == index:
+                return profile
+        raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> list[int]:
+        mig = self._mig(gpu, "nvmlDeviceGetMigMode")
+        return [mig.current, mig.pending]
+
+    def nvmlDeviceSetMigMode(self, gpu: FakeGpu, mode: int) -> int:
+        mig = self._mig(gpu, "nvmlDeviceSetMigMode")
+        if mode == real.NVML_DEVICE_MIG_DISABLE and mig.instances:
+            raise real.NVMLError(real.NVML_ERROR_IN_USE)
+        mig.pending = mode
+        if not mig.reset_required:
+            mig.current = mode
+        return real.NVML_SUCCESS
+
+    def reset(self, gpu: FakeGpu) -> None:
+        """``nvidia-smi -r``: a pending MIG mode takes effect."""
+        assert gpu.mig is not None
+        gpu.mig.current = gpu.mig.pending
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, gpu: FakeGpu) -> int:
+        self._mig(gpu, "nvmlDeviceGetMaxMigDeviceCount")
+        return 7
+
+    def _mig_devices(self, gpu: FakeGpu) -> list[FakeComputeInstance]:
+        assert gpu.mig is not None
+        return [ci for gi in sorted(gpu.mig.instances.values(), key=lambda g: g.id) for ci in gi.compute.values()]
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu: FakeGpu, index: int) -> FakeComputeInstance:
+        mig = self._mig(gpu, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not mig.current:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        devices = self._mig_devices(gpu)
+        if index >= len(devices):
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return devices[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, ci: FakeComputeInstance) -> int:
+        return self._mig_answer(ci.gi.gpu, "nvmlDeviceGetGpuInstanceId", ci.gi.id)
+
+    def nvmlDeviceGetComputeInstanceId(self, ci: FakeComputeInstance) -> int:
+        return self._mig_answer(ci.gi.gpu, "nvmlDeviceGetComputeInstanceId", ci.id)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, gpu: FakeGpu, index: int, version: int = 2) -> SimpleNamespace:
+        mig = self._mig(gpu, "nvmlDeviceGetGpuInstanceProfileInfo")
+        p = self._profile_for_index(mig, index)
+        return SimpleNamespace(
+            version=version,
+            id=p.profile_id,
+            sliceCount=p.compute_slices,
+            instanceCount=p.instances,
+            memorySizeMB=p.memory_mib,
+            name=f"MIG {p.name}".encode(),
+        )
+
+    def nvmlDeviceGetGpuInstanceById(self, gpu: FakeGpu, gi_id: int) -> FakeGpuInstance:
+        mig = self._mig(gpu, "nvmlDeviceGetGpuInstanceById")
+        if gi_id not in mig.instances:
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return mig.instances[gi_id]
+
+    def nvmlGpuInstanceGetInfo(self, gi: FakeGpuInstance) -> SimpleNamespace:
+        self._mig(gi.gpu, "nvmlGpuInstanceGetInfo")
+        placement = SimpleNamespace(start=gi.start, size=gi.profile.memory_slices)
+        return SimpleNamespace(device=gi.gpu, id=gi.id, profileId=gi.profile.profile_id, placement=placement)
+
+    def nvmlDeviceCreateGpuInstance(self, gpu: FakeGpu, profile_id: int) -> FakeGpuInstance:
+        mig = self._mig(gpu, "nvmlDeviceCreateGpuInstance")
+        if not mig.current:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        profile = next((p for p in PROFILES[mig.model].values() if p.profile_id == profile_id), None)
+        if profile is None:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        used = {s for gi in mig.instances.values() for s in range(gi.start, gi.start + gi.profile.memory_slices)}
+        compute = sum(gi.profile.compute_slices for gi in mig.instances.values())
+        same = sum(1 for gi in mig.instances.values() if gi.profile is profile)
+        if compute + profile.compute_slices > 7 or same >= profile.instances:
+            raise real.NVMLError(real.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        for start in profile.starts:
+            span = set(range(start, start + profile.memory_slices))
+            if max(span) < MEMORY_SLICES and not span & used:
+                gi_id = next(i for i in range(1, 15) if i not in mig.instances)
+                gi = mig.instances[gi_id] = FakeGpuInstance(gpu=gpu, id=gi_id, profile=profile, start=start)
+                return gi
+        raise real.NVMLError(real.NVML_ERROR_INSUFFICIENT_RESOURCES)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: FakeGpuInstance, profile: int, engine: int, version: int = 2
+    ) -> SimpleNamespace:
+        self._mig(gi.gpu, "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        assert engine == real.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        slices = {getattr(real, f"NVML_COMPUTE_INSTANCE_PROFILE_{n}_SLICE"): n for n in (1, 2, 3, 4, 7)}[profile]
+        if slices > gi.profile.compute_slices:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(id=profile, sliceCount=slices)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: FakeGpuInstance, profile_id: int) -> FakeComputeInstance:
+        mig = self._mig(gi.gpu, "nvmlGpuInstanceCreateComputeInstance")
+        if gi.compute:
+            raise real.NVMLError(real.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        mig.serial += 1
+        uuid = f"MIG-{gi.gpu.uuid[4:12]}-{mig.serial:04x}-4000-8000-{gi.id:012x}"
+        ci = gi.compute[0] = FakeComputeInstance(gi=gi, id=0, uuid=uuid)
+        return ci
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: FakeGpuInstance, ci_id: int) -> FakeComputeInstance:
+        self._mig(gi.gpu, "nvmlGpuInstanceGetComputeInstanceById")
+        if ci_id not in gi.compute:
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return gi.compute[ci_id]
+
+    def nvmlComputeInstanceDestroy(self, ci: FakeComputeInstance) -> None:
+        self._mig(ci.gi.gpu, "nvmlComputeInstanceDestroy")
+        if ci.busy:
+            raise real.NVMLError(real.NVML_ERROR_IN_USE)
+        del ci.gi.compute[ci.id]
+
+    def nvmlGpuInstanceDestroy(self, gi: FakeGpuInstance) -> None:
+        mig = self._mig(gi.gpu, "nvmlGpuInstanceDestroy")
+        if gi.compute:
+            raise real.NVMLError(real.NVML_ERROR_IN_USE)
+        del mig.instances[gi.id]
 
     def nvmlEventSetCreate(self) -> object:
         if not self.events:

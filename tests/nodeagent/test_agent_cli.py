@@ -42,6 +42,34 @@ def test_probe_without_nvml_exits_2_and_suggests_simulate(capsys, monkeypatch):
     assert "NVML is not available" in err and "--simulate" in err
 
 
+def test_probe_json_shows_mig_devices_and_the_vendor(capsys):
+    assert main(["probe", "--simulate", "1xH100-80GB:mig=3g.40gb+2x2g.20gb", "--hostname", "sim-mig", "--json"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    (gpu,) = raw["gpus"]
+    assert "vendor" not in gpu  # NVIDIA: the field keeps its default out of the JSON
+    assert gpu["mig"]["current"] is True
+    assert sorted(d["profile"] for d in gpu["mig"]["devices"]) == ["2g.20gb", "2g.20gb", "3g.40gb"]
+    assert main(["probe", "--simulate", "2xMI300X", "--hostname", "sim-amd", "--json"]) == 0
+    assert {g["vendor"] for g in json.loads(capsys.readouterr().out)["gpus"]} == {"amd"}
+
+
+def test_probe_table_shows_vendor_and_one_line_per_mig_device(capsys):
+    assert main(["probe", "--simulate", "1xA100-80GB:mig=2x3g.40gb", "--hostname", "sim-mig"]) == 0
+    out = capsys.readouterr().out
+    assert "VENDOR" in out and "on, 2 devices" in out
+    assert out.count("MIG 3g.40gb MIG-") == 2
+
+
+def test_probe_with_the_amdsmi_backend_reads_amd_gpus(capsys, monkeypatch):
+    from amdsmi_fakes import FakeAmdsmi, mi300x_pair
+
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdsmi(list(mi300x_pair())))
+    assert main(["probe", "--backend", "amdsmi", "--hostname", "amd-01", "--json"]) == 0
+    report = ProbeReport.model_validate_json(capsys.readouterr().out)
+    assert report.node.backend == "amdsmi" and not report.simulated
+    assert [g.vendor for g in report.gpus] == ["amd", "amd"]
+
+
 def test_probe_runs_as_a_module(tmp_path: Path):
     result = subprocess.run(
         [sys.executable, "-m", "nodeagent", "probe", "--simulate", "1xL40S", "--json"],

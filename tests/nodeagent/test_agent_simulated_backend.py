@@ -170,3 +170,107 @@ def test_unknown_gpu_and_fault_are_refused():
         backend.inject(5, "xid")
     with pytest.raises(ValueError, match="unknown fault"):
         backend.inject(0, "melt")  # type: ignore[arg-type]
+
+
+# -- MIG and vendors ----------------------------------------------------------------------------------------
+
+
+def test_mig_spec_gives_every_gpu_the_layout_with_nvidias_profile_figures():
+    backend = SimulatedBackend("2xA100-80GB:mig=3g.40gb+2g.20gb+2x1g.10gb", hostname="mig-node")
+    assert backend.simulated
+    for gpu in backend.discover():
+        assert gpu.mig is not None and gpu.mig.current and gpu.mig.pending
+        profiles = sorted((d.profile, d.memory_mib, d.compute_slices) for d in gpu.mig.devices)
+        assert profiles == [
+            ("1g.10gb", 9728, 1),
+            ("1g.10gb", 9728, 1),
+            ("2g.20gb", 19968, 2),
+            ("3g.40gb", 40320, 3),
+        ]
+        assert all(d.uuid.startswith("MIG-") for d in gpu.mig.devices)
+        spans = sorted((d.placement_start, d.memory_slices) for d in gpu.mig.devices)
+        ends = [start + size for start, size in spans]  # type: ignore[operator]
+        assert all(end <= nxt for end, (nxt, _) in zip(ends, spans[1:], strict=False))  # no overlap
+    again = SimulatedBackend("2xA100-80GB:mig=3g.40gb+2g.20gb+2x1g.10gb", hostname="mig-node").discover()
+    assert [d.uuid for d in again[0].mig.devices] == [d.uuid for d in backend.discover()[0].mig.devices]  # type: ignore[union-attr]
+
+
+def test_a100_40gb_offers_its_own_profile_table():
+    (gpu,) = SimulatedBackend("A100-40GB:mig=", hostname="n").discover()
+    assert gpu.mig is not None and gpu.mig.current and gpu.mig.devices == []
+    assert gpu.mig.profiles == {
+        "1g.5gb": 7,
+        "1g.5gb+me": 1,
+        "1g.10gb": 4,
+        "2g.10gb": 3,
+        "3g.20gb": 2,
+        "4g.20gb": 1,
+        "7g.40gb": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("1xL40S:mig=", "L40S has no MIG"),
+        ("1xH100-80GB:mig=4g.40gb+4g.40gb", "at most 1 x 4g.40gb"),
+        ("1xH100-80GB:mig=4g.40gb+3g.40gb+1g.10gb", "compute slices"),
+        ("1xH100-80GB:mig=3g.20gb", "'3g.20gb' is not a MIG profile"),
+        # 2g.20gb may start only at memory slices 0, 2 or 4: with a 3g at 4 a third 2g has nowhere to go.
+        ("1xH100-80GB:mig=3g.40gb+2g.20gb+2g.20gb+1g.20gb", "compute slices"),
+    ],
+)
+def test_a_mig_layout_the_gpu_cannot_hold_is_refused_in_the_spec(spec, message):
+    with pytest.raises(SimulatedSpecError, match=message):
+        parse_spec(spec)
+
+
+def test_placement_rules_refuse_an_overlap_the_slice_counts_alone_would_allow():
+    backend = SimulatedBackend("1xH100-80GB:mig=", hostname="n")
+    uuid = backend.discover()[0].uuid
+    # 4 + 2 = 6 compute slices, but 4g.40gb covers memory slices 0-3 and 1g.20gb x2 need 4-5 and 6-7: fits.
+    assert backend.configure_mig(uuid, enabled=True, layout=["4g.40gb", "1g.20gb", "1g.20gb"]).outcome == "applied"
+    # 3 x 1g.20gb beside a 4g: only two of its starts (4 and 6) are free.
+    result = backend.configure_mig(uuid, enabled=True, layout=["4g.40gb", "1g.20gb", "1g.20gb", "1g.20gb"])
+    assert result.outcome == "refused" and "do not fit together" in result.message
+    # The refused layout left the previous one in place.
+    assert len(backend.discover()[0].mig.devices) == 3  # type: ignore[union-attr]
+
+
+def test_reconfiguring_and_disabling_mig_in_simulation():
+    backend = SimulatedBackend("1xH100-80GB", hostname="n")
+    (gpu,) = backend.discover()
+    assert gpu.mig is not None and not gpu.mig.current
+    assert backend.configure_mig(gpu.uuid, enabled=True, layout=["7g.80gb"]).outcome == "applied"
+    assert [d.profile for d in backend.discover()[0].mig.devices] == ["7g.80gb"]  # type: ignore[union-attr]
+    assert backend.configure_mig(gpu.uuid, enabled=False, layout=[]).message == "MIG disabled"
+    assert backend.discover()[0].mig.devices == []  # type: ignore[union-attr]
+
+
+def test_a_gpu_without_mig_refuses_reconfiguration():
+    backend = SimulatedBackend("1xL40S", hostname="n")
+    (gpu,) = backend.discover()
+    assert gpu.mig is None
+    result = backend.configure_mig(gpu.uuid, enabled=True, layout=["1g.10gb"])
+    assert result.outcome == "refused" and "NVML_ERROR_NOT_SUPPORTED" in result.message
+
+
+def test_amd_models_report_vendor_amd_and_xgmi_peers():
+    gpus = SimulatedBackend("4xMI300X", hostname="amd-node").discover()
+    assert {g.vendor for g in gpus} == {"amd"}
+    assert all(len(g.nvlink_peers) == 3 and g.mig is None for g in gpus)
+    assert gpus[0].name == "AMD Instinct MI300X" and gpus[0].memory_total_mib == 196592
+    assert SimulatedBackend("1xMI250X", hostname="a").discover()[0].name == "AMD Instinct MI250X"
+
+
+def test_a_busy_mig_device_makes_its_parent_gpu_busy():
+    busy: set[str] = set()
+    backend = SimulatedBackend("1xH100-80GB:mig=7g.80gb", hostname="n", seed=1, busy_source=lambda: busy)
+    (gpu,) = backend.discover()
+    assert gpu.mig is not None
+    busy.add(gpu.mig.devices[0].uuid)
+    t = datetime(2026, 5, 1, tzinfo=UTC)
+    for _ in range(5):
+        t += timedelta(seconds=1)
+        (sample,) = backend.sample(t)
+    assert sample.fields[schema.GPU_UTIL] > 50  # type: ignore[operator]

@@ -11,12 +11,13 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema
-from rest_framework import viewsets
+from rest_framework import generics, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.accounts.selectors import is_operator
+from controlplane.fleet import mig as fleet_mig
 from controlplane.fleet import services as fleet_services
 from controlplane.fleet.models import NodeCredential
 from controlplane.inventory import services
@@ -38,7 +39,9 @@ class ServerViewSet(viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsOperatorOrReadOnly]
 
     def get_queryset(self) -> QuerySet[Server]:
-        gpus = Prefetch("gpus", queryset=Gpu.objects.select_related("model").order_by("index"))
+        gpus = Prefetch(
+            "gpus", queryset=Gpu.objects.select_related("model").prefetch_related("mig_devices").order_by("index")
+        )
         if is_operator(self.request.user):
             active = Prefetch(
                 "credentials",
@@ -59,7 +62,10 @@ class ServerViewSet(viewsets.ReadOnlyModelViewSet):
         return context
 
     def _server(self) -> Server:
-        return self.get_object()
+        # The actions need the server row alone, not the GPUs, MIG devices and credentials the list prefetches.
+        server = generics.get_object_or_404(Server.objects.all(), pk=self.kwargs["pk"])
+        self.check_object_permissions(self.request, server)
+        return server
 
     @extend_schema(request=s.ServerStateChangeSerializer, responses={200: s.OperatorServerSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsOperator])
@@ -122,7 +128,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsOperatorOrReadOnly]
 
     def get_queryset(self) -> QuerySet[Gpu]:
-        qs = Gpu.objects.select_related("server", "model")
+        qs = Gpu.objects.select_related("server", "model").prefetch_related("mig_devices")
         if is_operator(self.request.user):
             return qs
         return qs.filter(server__in=servers_visible_to_tenants())
@@ -137,5 +143,22 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         payload.is_valid(raise_exception=True)
         gpu = fleet_services.gpu_acknowledge(
             gpu=self.get_object(), actor=request.user, reason=payload.validated_data["reason"]
+        )
+        return Response(s.OperatorGpuSerializer(self.get_queryset().get(pk=gpu.pk)).data)
+
+    @extend_schema(request=s.MigRequestSerializer, responses={200: s.OperatorGpuSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    def mig(self, request: Request, pk: str | None = None) -> Response:
+        """Reconfigure the GPU's MIG layout: its server drained, nothing booked on it. The agent applies it on
+        its next heartbeat and reports; ``mig_change`` follows (applying, then none, refused or reset_required)."""
+        payload = s.MigRequestSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        gpu = fleet_mig.gpu_request_mig(
+            gpu=self.get_object(),
+            enabled=data["enabled"],
+            layout=data["layout"],
+            actor=request.user,
+            reason=data["reason"],
         )
         return Response(s.OperatorGpuSerializer(self.get_queryset().get(pk=gpu.pk)).data)

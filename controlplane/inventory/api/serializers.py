@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.inventory.choices import ServerState
-from controlplane.inventory.models import Gpu, GpuModel, Rack, Server, ServerEvent, Site
+from controlplane.inventory.models import Gpu, GpuModel, MigDevice, Rack, Server, ServerEvent, Site
 
 
 class SiteSerializer(serializers.ModelSerializer):
@@ -24,12 +24,51 @@ class RackSerializer(serializers.ModelSerializer):
 class GpuModelSerializer(serializers.ModelSerializer):
     class Meta:
         model = GpuModel
-        fields = ["id", "name", "product_name", "memory_mib", "price_per_gpu_hour", "currency", "billing_weight"]
+        fields = [
+            "id",
+            "name",
+            "product_name",
+            "vendor",
+            "memory_mib",
+            "price_per_gpu_hour",
+            "currency",
+            "billing_weight",
+        ]
+
+
+class GpuMigDeviceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MigDevice
+        fields = [
+            "uuid",
+            "profile",
+            "profile_id",
+            "gpu_instance_id",
+            "compute_instance_id",
+            "memory_mib",
+            "compute_slices",
+            "memory_slices",
+            "placement_start",
+        ]
+        read_only_fields = fields
+
+
+class MigModeSerializer(serializers.Serializer):
+    current = serializers.BooleanField(help_text="MIG is on now.")
+    pending = serializers.BooleanField(help_text="MIG after the next GPU reset; differs from current while pending.")
 
 
 class GpuSerializer(serializers.ModelSerializer):
     model: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="name", read_only=True)
     server: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="hostname", read_only=True)
+    mig_mode = serializers.SerializerMethodField(help_text="Null when the GPU cannot do MIG.")
+    mig_devices = GpuMigDeviceSerializer(many=True, read_only=True)
+
+    @extend_schema_field(MigModeSerializer(allow_null=True))
+    def get_mig_mode(self, obj: Gpu) -> dict[str, bool] | None:
+        if not obj.mig:
+            return None
+        return {"current": bool(obj.mig.get("current")), "pending": bool(obj.mig.get("pending"))}
 
     class Meta:
         model = Gpu
@@ -45,14 +84,27 @@ class GpuSerializer(serializers.ModelSerializer):
             "nvlink_peers",
             "present",
             "health",
+            "vendor",
+            "mig_mode",
+            "mig_devices",
         ]
         read_only_fields = fields
 
 
+class MigDesiredSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+    layout = serializers.ListField(child=serializers.CharField(max_length=32), max_length=8)
+
+
 class OperatorGpuSerializer(GpuSerializer):
+    mig_desired = MigDesiredSerializer(allow_null=True, read_only=True, help_text="The layout last asked for.")
+
     class Meta(GpuSerializer.Meta):
         fields = [
             *GpuSerializer.Meta.fields,
+            "mig_desired",
+            "mig_generation",
+            "mig_change",
             "pci_bus_id",
             "health_reasons",
             "needs_acknowledgement",
@@ -182,6 +234,19 @@ class ServerEventSerializer(serializers.ModelSerializer):
 class ServerStateChangeSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=ServerState.choices)
     reason = serializers.CharField(max_length=2000)
+
+
+class MigRequestSerializer(serializers.Serializer):
+    """An operator's MIG layout for one GPU: one GPU instance per entry, each with one compute instance."""
+
+    enabled = serializers.BooleanField(help_text="MIG on or off.")
+    layout = serializers.ListField(
+        child=serializers.RegexField(r"^[0-9a-z.+]{1,32}$", help_text='A GPU instance profile, e.g. "3g.40gb".'),
+        max_length=8,
+        default=list,
+        help_text='GPU instance profiles, e.g. ["3g.40gb", "2g.20gb", "1g.10gb"]; empty with MIG off.',
+    )
+    reason = serializers.CharField(max_length=2000, required=False, default="")
 
 
 class ReasonSerializer(serializers.Serializer):

@@ -25,10 +25,13 @@ OPERATOR_USERNAME = "operator"
 TENANT_USERNAME = "alice"
 DEMO_PROJECT_SLUG = "demo"
 
-# name, what NVML reports, memory in MiB, list price per GPU-hour, credits per GPU-hour.
+# name, what NVML (or amdsmi) reports, memory in MiB, list price per GPU-hour, credits per GPU-hour.
 GPU_CATALOG: tuple[tuple[str, str, int, Decimal, Decimal], ...] = (
     ("H100-80GB", "NVIDIA H100 80GB HBM3", 81559, Decimal("2.4900"), Decimal("1.0000")),
     ("A100-40GB", "NVIDIA A100-SXM4-40GB", 40960, Decimal("1.2900"), Decimal("0.5000")),
+    ("MI300X", "AMD Instinct MI300X", 196592, Decimal("2.2900"), Decimal("1.0000")),
+    # One of an MI250X's two dies: amdsmi lists each as its own GPU.
+    ("MI250X", "AMD Instinct MI250X", 65536, Decimal("0.9900"), Decimal("0.4000")),
 )
 
 # The tenant's limits: enough to book a whole H100 server for a day, not the whole fleet.
@@ -92,6 +95,7 @@ def _ensure_user(*, username: str, env_var: str, staff: bool) -> tuple[Any, str 
 
 def seed_catalog() -> list[str]:
     """Create the GPU models the simulated fleet reports; never overwrite prices an operator changed."""
+    from controlplane.fleet.mig import vendor_of
     from controlplane.inventory.models import GpuModel
 
     created = []
@@ -101,6 +105,7 @@ def seed_catalog() -> list[str]:
             defaults={
                 "product_name": product_name,
                 "memory_mib": memory_mib,
+                "vendor": vendor_of(product_name),
                 "price_per_gpu_hour": price,
                 "billing_weight": weight,
             },

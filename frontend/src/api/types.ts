@@ -35,10 +35,13 @@ export interface QuotaPolicy {
   updated_at: string;
 }
 
+export type GpuVendor = "nvidia" | "amd";
+
 export interface GpuModel {
   id: number;
   name: string;
   product_name: string;
+  vendor: GpuVendor;
   memory_mib: number;
   price_per_gpu_hour: string;
   currency: string;
@@ -164,13 +167,28 @@ export interface ServerGpu {
   memory_mib: number;
   present: boolean;
   health: "healthy" | "unhealthy";
+  vendor: GpuVendor;
+  /** Null when the GPU cannot do MIG. */
+  mig_mode: { current: boolean; pending: boolean } | null;
+  mig_devices: MigDevice[];
   // Operator-only fields below; absent for tenants.
+  mig_desired?: { enabled: boolean; layout: string[] } | null;
+  mig_change?: "" | "applying" | "reset_required" | "refused";
   pci_bus_id?: string;
   health_reasons?: unknown;
   needs_acknowledgement?: boolean;
   telemetry?: Record<string, number | null> | null;
   telemetry_at?: string | null;
   last_seen_at?: string | null;
+}
+
+export interface MigDevice {
+  uuid: string;
+  profile: string;
+  memory_mib: number | null;
+  compute_slices: number | null;
+  memory_slices: number | null;
+  placement_start: number | null;
 }
 
 export interface Server {

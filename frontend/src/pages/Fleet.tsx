@@ -12,6 +12,7 @@ import { ResponsiveTable } from "../components/ResponsiveTable";
 import { formatDateTime, formatRelative } from "../lib/format";
 import { explainReason, heatCell, reasonList } from "../lib/gpuHealth";
 import { shownZone } from "../lib/report";
+import { migSummary, parseMigLayout, vendorLabel } from "../lib/vendor";
 
 type Metric = "util" | "temp";
 
@@ -43,6 +44,7 @@ export function FleetPage() {
   const [metric, setMetric] = useState<Metric>("util");
   const [acting, setActing] = useState<{ server: Server; to: ServerState } | null>(null);
   const [acknowledging, setAcknowledging] = useState<{ server: Server; gpu: FleetGpu } | null>(null);
+  const [slicing, setSlicing] = useState<Server | null>(null);
   const list = servers.data ?? [];
   const gpus = list.flatMap((s) => s.gpus as FleetGpu[]);
   const unhealthy = list.flatMap((s) => (s.gpus as FleetGpu[]).filter((g) => g.health !== "healthy" || !g.present).map((g) => ({ s, g })));
@@ -105,6 +107,12 @@ export function FleetPage() {
                   <Table.Td data-label="State"><StateBadge state={s.state} /></Table.Td>
                   <Table.Td data-label="GPUs">
                     {s.gpus.length} × {s.gpus[0]?.model ?? "?"}
+                    {s.gpus.length > 0 && <Badge variant="default" ml={4} size="xs" data-testid="vendor">{vendorLabel(s.gpus)}</Badge>}
+                    {s.gpus.some((g) => g.mig_mode?.current) && (
+                      <Text span size="xs" c="dimmed" ml={4} title={s.gpus.map((g) => `GPU ${g.index}: ${migSummary(g) ?? "no MIG"}`).join("\n")}>
+                        MIG on {s.gpus.filter((g) => g.mig_mode?.current).length} GPU(s)
+                      </Text>
+                    )}
                     {s.gpus.some((g) => g.health !== "healthy") && <Badge color="red.9" variant="filled" ml={4} size="xs">unhealthy</Badge>}
                   </Table.Td>
                   <Table.Td data-label="Last heartbeat" title={formatDateTime(s.last_heartbeat_at)}>{s.last_heartbeat_at ? formatRelative(s.last_heartbeat_at) : "never"}</Table.Td>
@@ -114,6 +122,9 @@ export function FleetPage() {
                       {s.state === "ready" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "draining" })}>Drain</Button>}
                       {s.state !== "maintenance" && s.state !== "retired" && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "maintenance" })}>Maintenance</Button>}
                       {["draining", "maintenance", "commissioning"].includes(s.state) && <Button size="xs" variant="default" onClick={() => setActing({ server: s, to: "ready" })}>Return to ready</Button>}
+                      {["draining", "maintenance"].includes(s.state) && s.gpus.some((g) => g.mig_mode) && (
+                        <Button size="xs" variant="default" onClick={() => setSlicing(s)} aria-label={`MIG layout of ${s.hostname}`}>MIG</Button>
+                      )}
                     </Group>
                   </Table.Td>
                 </Table.Tr>
@@ -187,6 +198,7 @@ export function FleetPage() {
       </QueryState>
       {acting && <StateChange server={acting.server} to={acting.to} onClose={() => setActing(null)} />}
       {acknowledging && <Acknowledge server={acknowledging.server} gpu={acknowledging.gpu} onClose={() => setAcknowledging(null)} />}
+      {slicing && <MigLayout server={slicing} onClose={() => setSlicing(null)} />}
     </Stack>
   );
 }
@@ -231,6 +243,62 @@ function HeatCell({ gpu, metric }: { gpu: FleetGpu; metric: Metric }) {
         <span>{value == null ? "–" : `${Math.round(value)}${metric === "util" ? "%" : "°"}`}</span>
       </div>
     </Tooltip>
+  );
+}
+
+const MIG_CHANGE: Record<string, string> = {
+  applying: "waiting for the agent",
+  reset_required: "mode change pending a GPU reset",
+  refused: "refused by the GPU",
+};
+
+/** An operator's MIG layout for one GPU of a drained server; the agent applies it and reports (docs/fractional.md). */
+function MigLayout({ server, onClose }: { server: Server; onClose: () => void }) {
+  const capable = server.gpus.filter((g) => g.mig_mode);
+  const [index, setIndex] = useState(String(capable[0]?.index ?? ""));
+  const [enabled, setEnabled] = useState(true);
+  const [layout, setLayout] = useState("");
+  const [reason, setReason] = useState("");
+  const queryClient = useQueryClient();
+  const gpu = capable.find((g) => String(g.index) === index);
+  const change = useMutation({
+    mutationFn: () =>
+      api.post<ServerGpu>(`gpus/${gpu?.id}/mig/`, { enabled, layout: enabled ? parseMigLayout(layout) : [], reason }),
+    onSuccess: () => {
+      queryClient.invalidateQueries({ queryKey: ["servers"] });
+      onClose();
+    },
+  });
+  const err = change.error instanceof ApiError ? change.error : null;
+  return (
+    <Modal opened onClose={onClose} closeButtonProps={{ "aria-label": "Close" }} title={`MIG layout of ${server.hostname}`}>
+      <form onSubmit={(e) => { e.preventDefault(); change.mutate(); }}>
+        <Stack>
+          <List size="sm">
+            {capable.map((g) => (
+              <List.Item key={g.uuid}>
+                GPU {g.index}: {migSummary(g)}{g.mig_change ? ` (${MIG_CHANGE[g.mig_change] ?? g.mig_change})` : ""}
+              </List.Item>
+            ))}
+          </List>
+          <SegmentedControl aria-label="GPU" value={index} onChange={setIndex}
+            data={capable.map((g) => ({ value: String(g.index), label: `GPU ${g.index}` }))} />
+          <Checkbox label="MIG enabled" checked={enabled} onChange={(e) => setEnabled(e.currentTarget.checked)} />
+          {enabled && (
+            <TextInput label="GPU instances" description="Profiles joined by +, with counts: 3g.40gb+2x2g.20gb"
+              value={layout} onChange={(e) => setLayout(e.currentTarget.value)} placeholder="3g.40gb+2x2g.20gb"
+              error={err?.fieldError("layout")} />
+          )}
+          <TextInput label="Reason" value={reason} onChange={(e) => setReason(e.currentTarget.value)} placeholder="slices for the course" />
+          <Text size="xs" c="dimmed">
+            Only while nothing is booked on the GPU. The agent reconfigures on its next heartbeat and reports; return the
+            server to ready after that.
+          </Text>
+          {change.error && !err?.fieldError("layout") && <ErrorAlert error={change.error} title="The server refused" />}
+          <Button type="submit" loading={change.isPending} disabled={!gpu}>Apply</Button>
+        </Stack>
+      </form>
+    </Modal>
   );
 }
 

@@ -36,9 +36,10 @@ from django.utils import timezone
 from controlplane.system.management.demo import DemoResult, operator_user, seed_demo
 from controlplane.system.management.supervisor import CrashLoop, Supervisor
 
-DEFAULT_FLEET = "sim-h100-01=8xH100-80GB,sim-h100-02=8xH100-80GB,sim-a100-01=4xA100-40GB"
+DEFAULT_FLEET = "sim-h100-01=8xH100-80GB,sim-h100-02=8xH100-80GB,sim-a100-01=4xA100-40GB,sim-mi300x-01=4xMI300X"
 DEFAULT_BIND = "127.0.0.1:8000"
-_SPEC = re.compile(r"^(?P<count>[1-9]\d*)x(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*)$")
+# An optional MIG layout for every GPU of the server: sim-01=2xH100-80GB:mig=3g.40gb+2g.20gb (nodeagent's spec).
+_SPEC = re.compile(r"^(?P<count>[1-9]\d*)x(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<mig>:mig=[0-9a-z.+x]*)?$")
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
 # Join tokens minted for local agents only need to outlive the start-up.
 _JOIN_TOKEN_TTL_S = 3600
@@ -49,10 +50,11 @@ class FleetMember:
     hostname: str
     gpu_count: int
     gpu_model: str
+    mig: str = ""  # ":mig=LAYOUT", or nothing
 
     @property
     def spec(self) -> str:
-        return f"{self.gpu_count}x{self.gpu_model}"
+        return f"{self.gpu_count}x{self.gpu_model}{self.mig}"
 
 
 def parse_fleet(raw: str) -> list[FleetMember]:
@@ -70,7 +72,7 @@ def parse_fleet(raw: str) -> list[FleetMember]:
             raise CommandError(f"RUNSYSTEM_FLEET: {hostname!r} is not a valid host name (lower case, digits, - and .)")
         if any(m.hostname == hostname for m in members):
             raise CommandError(f"RUNSYSTEM_FLEET: {hostname!r} appears twice")
-        members.append(FleetMember(hostname, int(match["count"]), match["model"]))
+        members.append(FleetMember(hostname, int(match["count"]), match["model"], match["mig"] or ""))
     return members
 
 

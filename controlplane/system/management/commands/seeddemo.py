@@ -16,7 +16,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--catalog-only",
             action="store_true",
-            help="Only add the H100-80GB and A100-40GB catalog entries (with list prices), no accounts.",
+            help="Only add the catalog entries (H100-80GB, A100-40GB, MI300X, MI250X, with list prices), no accounts.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,0 +1,141 @@
+"""MIG and vendors in the heartbeat: reported MIG devices become MigDevice rows under their GPU, the vendor
+is stored, a steady MIG report costs no statement, and the agent's "mig" outcome ends a reconfiguration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.fleet import mig as fleet_mig
+from controlplane.inventory.choices import EventKind, MigChange, ServerState, Vendor
+from controlplane.inventory.models import Gpu, GpuModel, MigDevice, ServerEvent
+from controlplane.inventory.services import server_set_state
+from nodeagent.backends.simulated import SimulatedBackend
+from tests.fleet.helpers import T0, enroll, heartbeat, ingest
+
+pytestmark = pytest.mark.django_db
+
+
+def facts_of(spec: str, hostname: str = "node-a") -> list[dict[str, Any]]:
+    """What a simulated agent reports for ``spec``: the agent's own facts, MIG included."""
+    return [g.model_dump(mode="json") for g in SimulatedBackend(spec, hostname=hostname).discover()]
+
+
+def test_reported_mig_devices_are_stored_under_their_gpu_with_profiles_and_placement(node: Any) -> None:
+    server, _ = node
+    gpus = facts_of("2xH100-80GB:mig=3g.40gb+2x2g.20gb")
+    ingest(server, heartbeat("node-a", gpus=gpus))
+    gpu = Gpu.objects.get(uuid=gpus[0]["uuid"])
+    assert gpu.mig is not None and gpu.mig["current"] is True
+    devices = list(MigDevice.objects.filter(gpu=gpu).order_by("placement_start"))
+    assert [(d.profile, d.placement_start, d.memory_slices, d.memory_mib) for d in devices] == [
+        ("2g.20gb", 0, 2, 19968),
+        ("2g.20gb", 2, 2, 19968),
+        ("3g.40gb", 4, 4, 40448),
+    ]
+    assert {d.uuid for d in devices} == {d["uuid"] for d in gpus[0]["mig"]["devices"]}
+    assert MigDevice.objects.count() == 6
+    assert ServerEvent.objects.filter(kind=EventKind.MIG_CHANGED).count() == 2
+
+
+def test_a_changed_layout_replaces_the_devices_and_says_so(node: Any) -> None:
+    server, _ = node
+    ingest(server, heartbeat("node-a", gpus=facts_of("1xH100-80GB:mig=7g.80gb")))
+    before = set(MigDevice.objects.values_list("uuid", flat=True))
+    ingest(server, heartbeat("node-a", seq=2, start=T0.replace(minute=5), gpus=facts_of("1xH100-80GB:mig=4x1g.10gb")))
+    after = set(MigDevice.objects.values_list("uuid", flat=True))
+    assert len(after) == 4 and not before & after
+    event = ServerEvent.objects.filter(kind=EventKind.MIG_CHANGED).first()
+    assert event is not None and "1g.10gb + 1g.10gb + 1g.10gb + 1g.10gb" in event.reason
+    assert sorted(event.data["removed"]) == sorted(before)
+
+
+def test_mig_disabled_leaves_no_devices_and_a_gpu_without_mig_has_no_state(node: Any) -> None:
+    server, _ = node
+    ingest(server, heartbeat("node-a", gpus=facts_of("1xH100-80GB:mig=7g.80gb")))
+    ingest(server, heartbeat("node-a", seq=2, start=T0.replace(minute=5), gpus=facts_of("1xH100-80GB")))
+    assert MigDevice.objects.count() == 0
+    assert Gpu.objects.get().mig["current"] is False  # type: ignore[index]
+    l40s, _ = enroll("node-l")
+    ingest(l40s, heartbeat("node-l", gpus=facts_of("1xL40S", "node-l")))
+    assert Gpu.objects.get(server=l40s).mig is None
+
+
+def test_an_amd_gpu_is_stored_with_vendor_amd_and_a_new_amd_model_too(node: Any) -> None:
+    amd, _ = enroll("node-amd")
+    ingest(amd, heartbeat("node-amd", gpus=facts_of("2xMI300X", "node-amd")))
+    gpus = Gpu.objects.filter(server=amd)
+    assert {g.vendor for g in gpus} == {Vendor.AMD}
+    assert GpuModel.objects.get(product_name="AMD Instinct MI300X").vendor == Vendor.AMD
+    assert all(len(g.nvlink_peers) == 1 for g in gpus)  # XGMI peers
+
+
+def test_a_steady_mig_report_costs_no_statement_beyond_a_plain_one(node: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    server, _ = node
+    other, _ = enroll("node-b")
+    plain, mig = facts_of("2xH100-80GB"), facts_of("2xH100-80GB:mig=3g.40gb+3g.40gb", "node-b")
+    ingest(server, heartbeat("node-a", gpus=plain))
+    ingest(other, heartbeat("node-b", gpus=mig))
+
+    def count(srv: Any, host: str, gpus: list[dict[str, Any]], seq: int) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            ingest(srv, heartbeat(host, seq=seq, start=T0.replace(minute=seq), gpus=gpus))
+        return len(captured)
+
+    assert count(server, "node-a", plain, 2) == count(other, "node-b", mig, 2)
+
+
+def test_the_agents_outcome_ends_a_reconfiguration_with_an_event(node: Any, operator: Any) -> None:
+    server, _ = node
+    gpus = facts_of("1xH100-80GB")
+    ingest(server, heartbeat("node-a", gpus=gpus))
+    server_set_state(server=server, to=ServerState.MAINTENANCE, actor=operator, reason="re-slicing")
+    gpu = fleet_mig.gpu_request_mig(
+        gpu=Gpu.objects.get(), enabled=True, layout=["3g.40gb", "3g.40gb"], actor=operator, reason="two halves"
+    )
+    reply = ingest(server, heartbeat("node-a", seq=2, start=T0.replace(minute=2), gpus=gpus))
+    (wanted,) = reply.mig
+    assert (wanted.uuid, wanted.enabled, wanted.layout, wanted.generation) == (
+        gpu.uuid,
+        True,
+        ["3g.40gb", "3g.40gb"],
+        gpu.mig_generation,
+    )
+    # An answer to an older request changes nothing.
+    stale = {"kind": "mig", "ts": T0.isoformat(), "uuid": gpu.uuid, "generation": 0, "outcome": "applied"}
+    ingest(server, heartbeat("node-a", seq=3, start=T0.replace(minute=3), gpus=gpus, events=[stale]))
+    assert Gpu.objects.get().mig_change == MigChange.APPLYING
+    done = facts_of("1xH100-80GB:mig=3g.40gb+3g.40gb")
+    event = {**stale, "generation": gpu.mig_generation, "message": "MIG layout 3g.40gb + 3g.40gb applied"}
+    reply = ingest(server, heartbeat("node-a", seq=4, start=T0.replace(minute=4), gpus=done, events=[event]))
+    assert reply.mig == []
+    after = Gpu.objects.get()
+    assert (after.mig_change, after.mig_desired) == (MigChange.NONE, None)
+    assert MigDevice.objects.filter(gpu=after).count() == 2
+    applied = ServerEvent.objects.get(kind=EventKind.MIG_APPLIED)
+    assert applied.actor_label == "agent:node-a" and "applied" in applied.reason
+
+
+def test_a_refusal_is_kept_with_nvmls_reason(node: Any, operator: Any) -> None:
+    server, _ = node
+    gpus = facts_of("1xH100-80GB")
+    ingest(server, heartbeat("node-a", gpus=gpus))
+    server_set_state(server=server, to=ServerState.MAINTENANCE, actor=operator, reason="re-slicing")
+    gpu = fleet_mig.gpu_request_mig(gpu=Gpu.objects.get(), enabled=True, layout=["7g.80gb"], actor=operator, reason="")
+    event = {
+        "kind": "mig",
+        "ts": T0.isoformat(),
+        "uuid": gpu.uuid,
+        "generation": gpu.mig_generation,
+        "outcome": "refused",
+        "message": "NVML refused GPU instance 7g.80gb of 7g.80gb: NVML_ERROR_INSUFFICIENT_RESOURCES",
+    }
+    reply = ingest(server, heartbeat("node-a", seq=2, start=T0.replace(minute=2), gpus=gpus, events=[event]))
+    assert reply.mig == []  # not resent: the operator decides what next
+    assert Gpu.objects.get().mig_change == MigChange.REFUSED
+    refused = ServerEvent.objects.get(kind=EventKind.MIG_REFUSED)
+    assert "NVML_ERROR_INSUFFICIENT_RESOURCES" in refused.reason
