@@ -58,11 +58,11 @@ def main() -> None:
 
     from controlplane.accounts.models import Project
     from controlplane.accounts.services import api_token_create
-    from controlplane.system.management.demo import seed_demo
     from controlplane.inventory.choices import ServerState
     from controlplane.inventory.models import GpuModel, Server
     from controlplane.reservations import services as reservations
     from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+    from controlplane.system.management.demo import seed_demo
     from nodeagent.client import ControlPlaneClient
     from nodeagent.logship import LogShipper
     from nodeagent.runtime.containers import LABEL_NODE

@@ -85,8 +85,8 @@ def test_demo_data_is_created_once_and_a_second_run_changes_nothing(db, var_dir,
 
     from controlplane.accounts.choices import Role
     from controlplane.accounts.models import Membership
-    from controlplane.system.management.demo import seed_demo
     from controlplane.inventory.models import GpuModel
+    from controlplane.system.management.demo import seed_demo
 
     monkeypatch.delenv("DEMO_OPERATOR_PASSWORD", raising=False)
     monkeypatch.delenv("DEMO_TENANT_PASSWORD", raising=False)
@@ -134,8 +134,8 @@ def test_demo_does_not_show_a_password_changed_since_it_was_set(db, var_dir, mon
 
 
 def test_demo_keeps_a_price_the_operator_changed(db, var_dir):
-    from controlplane.system.management.demo import seed_demo
     from controlplane.inventory.models import GpuModel
+    from controlplane.system.management.demo import seed_demo
 
     seed_demo()
     GpuModel.objects.filter(name="H100-80GB").update(price_per_gpu_hour=Decimal("9.99"))
@@ -144,8 +144,8 @@ def test_demo_keeps_a_price_the_operator_changed(db, var_dir):
 
 
 def test_demo_project_gets_a_quota_policy_and_credits_once(db, var_dir):
-    from controlplane.system.management.demo import DEMO_CREDITS_PER_PERIOD, DEMO_MAX_CONCURRENT_GPUS, seed_demo
     from controlplane.ledger.models import LedgerEntry, QuotaPolicy
+    from controlplane.system.management.demo import DEMO_CREDITS_PER_PERIOD, DEMO_MAX_CONCURRENT_GPUS, seed_demo
 
     seed_demo()
     seed_demo()

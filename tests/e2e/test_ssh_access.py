@@ -25,13 +25,13 @@ from django.test import override_settings
 from django.utils import timezone
 
 from controlplane.celery import app as celery_app
-from controlplane.system.management.demo import seed_catalog
 from controlplane.dispatch.models import Launch
 from controlplane.fleet import services as fleet
 from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Server
 from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Reservation
+from controlplane.system.management.demo import seed_catalog
 from nodeagent.agent import Agent, AgentState
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.client import ControlPlaneClient
