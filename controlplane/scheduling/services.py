@@ -26,6 +26,7 @@ from controlplane.reservations import capacity, costs
 from controlplane.reservations.selectors import _spec_q
 from controlplane.reservations.services import reservation_create
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest, Window
+from controlplane.scheduling import preemption
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
 
@@ -117,6 +118,7 @@ def request_submit(
     priority_class: PriorityClass,
     actor: Any,
     now: datetime | None = None,
+    requeue: bool = False,
 ) -> QueuedRequest:
     """Queue a request. Raises ValidationFailed for a bad one, Conflict ``no_capacity`` when the fleet has too
     few matching GPUs for it ever to start, QuotaExceeded when the project's quota rules it out."""
@@ -148,6 +150,7 @@ def request_submit(
         start_by=start_by,
         priority_class=priority_class,
         state=RequestState.QUEUED,
+        requeue=requeue,
         created_at=now,
     )
     _event(request, from_state="", to_state=RequestState.QUEUED, actor=actor, reason="submitted", at=now)
@@ -225,18 +228,24 @@ class _Lost(Exception):
 
 
 @retry_on_transient
-def _book_and_mark(request: QueuedRequest, *, now: datetime) -> None:
-    """Book the request from ``now`` and mark it started, in one transaction: when another pass (or a cancel)
-    moved it first, the conditional update finds nothing and the booking rolls back (raises _Lost)."""
+def _book_and_mark(request: QueuedRequest, *, now: datetime, starts_at: datetime | None = None) -> None:
+    """Book the request from ``starts_at`` (default ``now``) and mark it started, in one transaction: when
+    another pass (or a cancel) moved it first, the conditional update finds nothing and the booking rolls
+    back (raises _Lost). The booking carries the class: preemptible, its notice, its credit multiplier."""
     actor = request.created_by
+    start = starts_at or now
+    priority_class = request.priority_class
     reservation = reservation_create(
         project=request.project,
         name=request.name,
         spec=spec_of(request),
-        window=Window(now, now + timedelta(seconds=request.duration_seconds)),
+        window=Window(start, start + timedelta(seconds=request.duration_seconds)),
         container=container_of(request),
         actor=actor,
         now=now,
+        preemptible=priority_class.preemptible,
+        notice_seconds=priority_class.notice_seconds,
+        credit_multiplier=priority_class.credit_multiplier,
     )
     changed = QueuedRequest.objects.filter(pk=request.pk, state=RequestState.QUEUED).update(
         state=RequestState.STARTED, reservation=reservation, started_at=now, reason=""
@@ -256,7 +265,7 @@ def _book_and_mark(request: QueuedRequest, *, now: datetime) -> None:
 def _try_start(request_id: int, *, now: datetime) -> str:
     """One decision: "started", "busy" (the GPUs are not free), "waiting" (quota), "failed" or "skipped"."""
     request = (
-        QueuedRequest.objects.select_related("project", "created_by")
+        QueuedRequest.objects.select_related("project", "created_by", "priority_class")
         .filter(pk=request_id, state=RequestState.QUEUED)
         .first()
     )
@@ -267,6 +276,10 @@ def _try_start(request_id: int, *, now: datetime) -> str:
     except _Lost:
         return "skipped"
     except Conflict as exc:
+        # Preemption (scheduling/preemption.py): a non-preemptible class takes GPUs from preemptible
+        # reservations, booked from when their notice allows.
+        if exc.code in _BUSY_CODES and preemption.start_by_preempting(request, now=now, book=_book_and_mark):
+            return "started"
         _wait(request.pk, exc.message)
         return "busy" if exc.code in _BUSY_CODES else "waiting"
     except QuotaExceeded as exc:
