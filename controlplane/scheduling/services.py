@@ -88,17 +88,19 @@ def _asked(spec: GpuSpec) -> int:
     return spec.whole_servers if spec.whole_servers is not None else spec.gpu_count or 1
 
 
-def _refuse_if_it_can_never_fit(*, project: Project, spec: GpuSpec, duration: timedelta, now: datetime) -> None:
+def _refuse_if_it_can_never_fit(
+    *, project: Project, spec: GpuSpec, duration: timedelta, now: datetime, multiplier: Decimal = Decimal(1)
+) -> None:
     """The refusals of a request no amount of waiting would start: more GPUs than the fleet has (the words of
     capacity.no_capacity), a length beyond the quota policy's longest booking, a GPU count beyond its
     concurrency cap, or a cost beyond the credits the project has (check_quota, with the cheapest matching
-    GPU model's weight: a lower bound of what the booking will cost)."""
+    GPU model's weight times the class's multiplier: a lower bound of what the booking will cost)."""
     window = Window(now, now + duration)
     if capacity.fleet_count(spec).total < _asked(spec):
         raise capacity.no_capacity(spec, window, now=now)
     hours = costs.gpu_hours(duration.total_seconds())
     weight = Gpu.objects.filter(_spec_q(spec), present=True).aggregate(w=Min("model__billing_weight"))["w"]
-    needed = credits((weight or Decimal(0)) * _asked(spec) * hours)
+    needed = credits((weight or Decimal(0)) * multiplier * _asked(spec) * hours)
     lock_project(project_id=project.pk)
     check_quota(
         project_id=project.pk,
@@ -139,7 +141,9 @@ def request_submit(
         if start_by <= now:
             message = "Must be in the future."
             raise ValidationFailed(f"start_by: {message}", fields={"start_by": [message]})
-    _refuse_if_it_can_never_fit(project=project, spec=spec, duration=duration, now=now)
+    _refuse_if_it_can_never_fit(
+        project=project, spec=spec, duration=duration, now=now, multiplier=priority_class.credit_multiplier
+    )
     request = QueuedRequest.objects.create(
         project=project,
         created_by=_user(actor),

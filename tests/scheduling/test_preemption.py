@@ -215,3 +215,12 @@ def test_the_api_shows_requeue_and_the_preemption_on_both_sides(api_client, h100
     ).data
     segments = [s for g in timeline["gpus"] for s in g["segments"]]
     assert {(s["reservation"], s["yielding"]) for s in segments} == {(str(victim.public_id), True), (winner_id, False)}
+
+
+def test_submit_prices_the_quota_check_with_the_class_multiplier(h100):
+    from controlplane.core.errors import QuotaExceeded
+
+    proj = project(grant="1.5")
+    with pytest.raises(QuotaExceeded):
+        submit(proj, spec(h100, count=2), priority="normal")  # 2 GPUs x 1 h x 1 = 2 credits
+    assert submit(proj, spec(h100, count=2), priority="preemptible").state == RequestState.QUEUED  # 1 credit
