@@ -142,10 +142,20 @@ def _candidates(
     return out
 
 
+def _any_preemptible(window: Window) -> bool:
+    """One indexed read that spares a refusal the fleet-wide one when nothing preemptible overlaps the window
+    (the usual case: every no_capacity of a non-preemptible booking asks)."""
+    return Reservation.objects.filter(
+        preemptible=True, state__in=CHANGEABLE_STATES, starts_at__lt=window.ends_at, ends_at__gt=window.starts_at
+    ).exists()
+
+
 def plan(
     spec: GpuSpec, window: Window, *, now: datetime, exclude: Iterable[int] = (), honour_notice: bool = True
 ) -> Plan | None:
     """The victims to cut so that ``spec`` can be placed over ``window``, or None when no set of them does."""
+    if not _any_preemptible(window):
+        return None
     victims, servers, by_gpu = _victims_and_servers(spec, window, now=now, exclude=exclude, honour_notice=honour_notice)
     if not victims:
         return None

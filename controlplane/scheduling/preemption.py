@@ -25,7 +25,7 @@ Book = Callable[..., None]
 def start_by_preempting(request: QueuedRequest, *, now: datetime, book: Book) -> bool:
     """Book ``request`` over preemptible reservations' GPUs, from when their notice allows; False (nothing
     written) when its class is preemptible, or when cutting them would not make room. ``book`` is the
-    pass's ``_book_and_mark``; its refusals (the quota, a lost race) propagate to the pass as a booking's do."""
+    pass's ``_book_and_mark``."""
     if request.priority_class.preemptible:
         return False  # a preemptible request only starts on GPUs nobody holds
     from controlplane.scheduling.services import spec_of
@@ -34,7 +34,15 @@ def start_by_preempting(request: QueuedRequest, *, now: datetime, book: Book) ->
     start = earliest_preempting_start(spec_of(request), duration, now=now)
     if start is None:
         return False
-    book(request, now=now, starts_at=start)
+    from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
+    from controlplane.scheduling.services import _Lost
+
+    try:
+        book(request, now=now, starts_at=start)
+    except (Conflict, QuotaExceeded, ValidationFailed, _Lost):
+        # Refused there too (the quota, GPUs taken meanwhile, another pass first): the pass treats the
+        # request as it did the refusal from now, and the next pass looks again.
+        return False
     return True
 
 

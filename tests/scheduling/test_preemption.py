@@ -224,3 +224,30 @@ def test_submit_prices_the_quota_check_with_the_class_multiplier(h100):
     with pytest.raises(QuotaExceeded):
         submit(proj, spec(h100, count=2), priority="normal")  # 2 GPUs x 1 h x 1 = 2 credits
     assert submit(proj, spec(h100, count=2), priority="preemptible").state == RequestState.QUEUED  # 1 credit
+
+
+def test_a_preempting_booking_the_quota_refuses_cuts_nothing_and_waits(h100):
+    now = timezone.now()
+    low = submit(project(), spec(h100, count=2), priority="preemptible", hours=3, now=now)
+    services.schedule_pass(now=now)
+    victim = started(low)
+    poor = project(grant="1")
+    r = services.request_submit(
+        project=poor,
+        name="cheap",
+        spec=spec(h100, count=1),
+        container=CONTAINER,
+        duration=timedelta(minutes=30),
+        start_by=None,
+        priority_class=klass("high"),
+        actor=UserFactory(),
+        now=now,
+    )  # 0.75 credits: submit accepts it
+    from controlplane.ledger.services import ledger_adjust
+
+    ledger_adjust(project=poor, amount=Decimal("-0.5"), actor=None, reason="spent elsewhere")
+    assert services.schedule_pass(now=now + timedelta(seconds=1)) == 0
+    r.refresh_from_db()
+    assert r.state == RequestState.QUEUED and r.reservation is None
+    victim.refresh_from_db()
+    assert victim.preempted_by_id is None and victim.ends_at == now + timedelta(hours=3)
