@@ -381,10 +381,17 @@ def reservation_cancel(
     current = _locked(reservation)
     if now > current.starts_at:
         return _end_early(current, actor=actor, reason=reason or "cancelled during the window", now=now)
+    return _cancel_before_start(current, actor=actor, reason=reason, now=now)
+
+
+def _cancel_before_start(
+    current: Reservation, *, actor: Any, reason: str, now: datetime, data: dict[str, Any] | None = None, **fields: Any
+) -> Reservation:
+    """Cancel a locked reservation whose window has not opened: no GPU, no credit held any more."""
     if current.state not in CHANGEABLE_STATES:
         raise Conflict(_not_in_state(current, "cancelled"), code="invalid_state")
     previous = current.state
-    if not _transition(current, from_states=[previous], to=ReservationState.CANCELLED, at=now):
+    if not _transition(current, from_states=[previous], to=ReservationState.CANCELLED, at=now, **fields):
         raise Conflict("The reservation changed while it was being cancelled; try again.", code="invalid_state")
     current.allocations.filter(active=True).update(active=False, released_at=now)
     ledger_settle(
@@ -402,6 +409,7 @@ def reservation_cancel(
         actor_label=None,
         reason=reason or "cancelled",
         at=now,
+        data=data,
     )
     _dispatch_changed(current)
     hooks.finished(current)
@@ -502,10 +510,14 @@ def reservation_yield(
         raise Conflict("The window already ends by then; there is nothing to cut.", code="invalid_state")
     by_id = str(by.public_id) if by is not None else None
     if end_at <= current.starts_at and now < current.starts_at:
-        Reservation.objects.filter(pk=current.pk).update(preempted_by=by, yield_reason=reason[:200])
-        cancelled = reservation_cancel(reservation=current, actor=actor, reason=reason, now=now)
-        ReservationEvent.objects.filter(pk=cancelled.events.order_by("-pk").values("pk")[:1]).update(
-            data={"preempted_by": by_id, "booked_ends_at": current.ends_at.isoformat()}
+        cancelled = _cancel_before_start(
+            current,
+            actor=actor,
+            reason=reason,
+            now=now,
+            data={"preempted_by": by_id, "booked_ends_at": current.ends_at.isoformat()},
+            preempted_by=by,
+            yield_reason=reason[:200],
         )
         hooks.yielded(cancelled, by, now)
         return cancelled
