@@ -11,7 +11,7 @@ from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import QueuedRequest
 from tests.factories import UserFactory
 from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec, window
-from tests.scheduling.support import submit
+from tests.scheduling.support import allow, submit
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/requests/"
@@ -51,6 +51,7 @@ def test_submitting_needs_owner_or_member(api_client, fleet, team, role, expecte
 
 
 def test_submit_answers_the_queued_request(api_client, fleet, team):
+    allow(team["project"], "high")
     api_client.force_authenticate(team["member"])
     start_by = (timezone.now() + timedelta(hours=4)).isoformat()
     response = api_client.post(URL, body(team["project"], start_by=start_by, priority_class="high"), format="json")
@@ -152,10 +153,12 @@ def test_position_estimated_start_reason_and_reservation(api_client, fleet, team
     a = api_client.get(f"{URL}{normal.public_id}/").data
     b = api_client.get(f"{URL}{high.public_id}/").data
     assert (a["position"], b["position"]) == (2, 1)
-    # From the booked windows alone: when the blocker ends.
-    assert a["estimated_start"] == blocker.ends_at.isoformat().replace("+00:00", "Z")
-    assert "Not enough" in b["reason"]
-    assert a["reason"] == ""  # the pass stopped at the blocked higher one before reaching it
+    # When the blocker ends, plus the hour the high one ahead of it takes on the two GPUs.
+    expected = blocker.ends_at + timedelta(hours=1)
+    assert a["estimated_start"] == expected.isoformat().replace("+00:00", "Z")
+    assert b["estimated_start"] == blocker.ends_at.isoformat().replace("+00:00", "Z")
+    until = blocker.ends_at.isoformat().replace("+00:00", "Z")
+    assert b["reason"] == f"waiting for 2 x H100-80GB; blocked by reservation {blocker.public_id} until {until}"
     booking.reservation_release(reservation=blocker, actor=team["owner"])
     services.schedule_pass()
     b = api_client.get(f"{URL}{high.public_id}/").data

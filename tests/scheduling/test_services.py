@@ -135,7 +135,9 @@ def test_a_request_waits_while_its_gpus_are_booked_and_starts_once_they_are_rele
     r = submit(proj, spec(h100, count=2))
     assert services.schedule_pass() == 0
     r.refresh_from_db()
-    assert r.state == RequestState.QUEUED and "Not enough H100-80GB GPUs are free" in r.reason
+    assert r.state == RequestState.QUEUED
+    assert r.reason.startswith(f"waiting for 2 x H100-80GB; blocked by reservation {blocker.public_id} until ")
+    assert r.blocked_by == blocker and r.blocked_until == blocker.ends_at
     booking.reservation_release(reservation=blocker, actor=UserFactory())
     assert services.schedule_pass() == 1
     r.refresh_from_db()
@@ -213,14 +215,15 @@ def test_a_higher_class_starts_first():
     assert high.state == RequestState.STARTED and normal.state == RequestState.QUEUED
 
 
-def test_fifo_within_a_class_and_nothing_lower_starts_after_a_blocked_higher_one():
+def test_fifo_within_a_class_and_nothing_starts_that_would_delay_a_blocked_one_ahead():
     model = gpu_model()
     server(model, gpus=2)
     proj = project()
     first = submit(proj, spec(model, count=1), priority="high", name="first")
     big = submit(proj, spec(model, count=2), priority="high", name="big")  # cannot fit beside "first"
-    small_high = submit(proj, spec(model, count=1), priority="high", name="small-high")
-    small_normal = submit(proj, spec(model, count=1), name="small-normal")
+    # Both longer than "first": started now on the free GPU, either would push back "big"'s start.
+    small_high = submit(proj, spec(model, count=1), hours=2, priority="high", name="small-high")
+    small_normal = submit(proj, spec(model, count=1), hours=2, name="small-normal")
     assert services.schedule_pass() == 1
     states = {r.name: r.state for r in (first, big, small_high, small_normal) if not r.refresh_from_db()}
     # One GPU stays free, but neither the equal-class request behind "big" nor the lower-class one takes it.
