@@ -35,6 +35,7 @@ class Entry:
     duration: timedelta
     spec: GpuSpec
     fair_share: FairShare
+    reason: str  # as the last pass left it: a pass writes a reason only when it changes
 
     def sort_key(self) -> tuple[Any, ...]:
         return (-self.rank, -self.fair_share.factor, self.created_at, self.id)
@@ -45,12 +46,14 @@ def ordered_queue(*, now: datetime) -> list[Entry]:
     rows = list(
         QueuedRequest.objects.filter(state=RequestState.QUEUED)
         .order_by()
-        .values_list("id", "public_id", "project_id", "priority_class__rank", "created_at", "duration_seconds", "spec")
+        .values_list(
+            "id", "public_id", "project_id", "priority_class__rank", "created_at", "duration_seconds", "spec", "reason"
+        )
     )
     shares = fair_shares({r[2] for r in rows}, now=now) if rows else {}
     entries = [
-        Entry(rid, pub, pid, rank, created, timedelta(seconds=seconds), GpuSpec(**spec), shares[pid])
-        for rid, pub, pid, rank, created, seconds, spec in rows
+        Entry(rid, pub, pid, rank, created, timedelta(seconds=seconds), GpuSpec(**spec), shares[pid], reason)
+        for rid, pub, pid, rank, created, seconds, spec, reason in rows
     ]
     return sorted(entries, key=Entry.sort_key)
 

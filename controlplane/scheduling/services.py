@@ -338,11 +338,14 @@ def run_pass(*, now: datetime | None = None, max_tries: int | None = None) -> Pa
     for entry in queue:
         if earliest is not None and now + entry.duration > earliest[0]:
             report.skipped_by_backfill_rule += 1
-            _wait(
-                entry.id,
+            reason = (
                 f"waiting behind request {earliest[1].public_id}, which is blocked until {iso(earliest[0])}: "
-                "started now, this one would end after that",
+                "started now, this one would end after that"
             )
+            # Nothing is searched for it, and nothing written unless its reason changed: a long queue behind a
+            # blocked request costs the pass one read, not a write per request.
+            if reason != entry.reason:
+                _wait(entry.id, reason)
             continue
         if report.tried >= limit:
             break
