@@ -310,6 +310,12 @@ class PassReport:
     queued: int = 0
 
 
+def _covers(entry: Entry, busy: Entry) -> bool:
+    """Whether ``entry`` is known not to fit now because ``busy`` did not: the same GPUs, count and kind, for
+    at least as long (a shorter one may fit in a gap before a booking). Nothing frees GPUs during a pass."""
+    return entry.spec == busy.spec and entry.duration >= busy.duration
+
+
 def schedule_pass(*, now: datetime | None = None) -> int:
     """Start what fits now, in queue order, with EASY backfill; returns how many started (see run_pass)."""
     return run_pass(now=now).started
@@ -335,6 +341,7 @@ def run_pass(*, now: datetime | None = None, max_tries: int | None = None) -> Pa
     report.queued = len(queue)
     # The blocked requests ahead, by shadow time: the earliest is the bound every later start must end by.
     earliest: tuple[datetime, Entry] | None = None
+    busy: list[Entry] = []
     for entry in queue:
         if earliest is not None and now + entry.duration > earliest[0]:
             report.skipped_by_backfill_rule += 1
@@ -350,14 +357,18 @@ def run_pass(*, now: datetime | None = None, max_tries: int | None = None) -> Pa
         if report.tried >= limit:
             break
         report.tried += 1
-        outcome, message = _try_start(entry.id, now=now)
+        known_busy = any(_covers(entry, other) for other in busy)
+        outcome, message = ("busy", "") if known_busy else _try_start(entry.id, now=now)
         if outcome == "started":
             report.started += 1
             report.backfilled += earliest is not None
         elif outcome == "busy":
             report.blocked += 1
+            busy.append(entry)
             found = shadow(entry.spec, duration=entry.duration, now=now)
-            _wait(entry.id, found.reason(entry.spec), found)
+            reason = found.reason(entry.spec)
+            if reason != entry.reason:
+                _wait(entry.id, reason, found)
             if earliest is None or found.at < earliest[0]:
                 earliest = (found.at, entry)
         elif outcome == "waiting":
