@@ -12,11 +12,11 @@ the bench creates); one arrival in ten is an advance reservation 1 to 4 hours ah
 nothing sleeps, and ``now`` is driven through the services explicitly (submit at the arrival, a pass every
 ``--pass-every`` simulated seconds: the beat's 5 s, compressed by the factor printed).
 
-Printed for the queue: GPU utilization after the first two hours (the longest job's length: the queue has
-filled), wait p50 / p95 per class, advance reservations delayed (goal 0), preemptions (ReservationEvents whose reason mentions it), the cost
-of one pass (ms and queries). Beside it, book-or-refuse on a second, identical fleet: each request tried once at
-its arrival through reservation_create, the GPU-hours refused, and the utilization left. Goals: utilization
->= 90% under saturation; high-class p95 wait <= one pass + the preemption notice.
+Printed for the queue: GPU utilization after the first two hours (the longest job's length: the queue has filled),
+wait p50 / p95 per class, advance reservations delayed (goal 0), preemptions (ReservationEvents whose reason
+mentions it), the cost of one pass (ms and queries). Beside it, book-or-refuse on a second, identical fleet: each
+request tried once at its arrival through reservation_create, the GPU-hours refused, and the utilization left.
+Goals: utilization >= 90% under saturation; high-class p95 wait <= one pass + the preemption notice.
 """
 
 from __future__ import annotations
