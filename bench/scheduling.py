@@ -1,6 +1,6 @@
 """The queue under a saturating workload, beside book-or-refuse on the same workload.
 
-    .venv/bin/python bench/scheduling.py [--hours 8] [--load 1.3] [--pass-every 300] [--seed 1]
+    .venv/bin/python bench/scheduling.py [--hours 4] [--load 1.3] [--pass-every 120] [--seed 1]
 
 DATABASE_URL (default postgres://postgres@127.0.0.1:5432/bench_scheduling) must be PostgreSQL; the database is
 dropped and created afresh on every run.
@@ -137,7 +137,7 @@ def book_advance(arrival: Arrival, *, project: Any, model: Any, name: str) -> An
 
 
 def run_queue(arrivals: list[Arrival], *, projects: list[Any], model: Any, classes: dict[str, Any], every: int) -> dict:
-    from django.db import connection
+    from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
 
     from controlplane.core.errors import Conflict, QuotaExceeded
@@ -161,6 +161,7 @@ def run_queue(arrivals: list[Arrival], *, projects: list[Any], model: Any, class
     while events:
         at, kind, i = heapq.heappop(events)
         if kind == 1:
+            reset_queries()  # the query log is a bounded deque: counted from empty, a pass is counted in full
             with CaptureQueriesContext(connection) as q:
                 t0 = time.perf_counter()
                 report = services.run_pass(now=at)
@@ -227,9 +228,9 @@ def run_book_or_refuse(arrivals: list[Arrival], *, projects: list[Any], model: A
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hours", type=float, default=8.0, help="simulated hours of arrivals")
+    parser.add_argument("--hours", type=float, default=4.0, help="simulated hours of arrivals")
     parser.add_argument("--load", type=float, default=1.3, help="offered GPU-hours over what the fleet can run")
-    parser.add_argument("--pass-every", type=int, default=300, help="simulated seconds between passes")
+    parser.add_argument("--pass-every", type=int, default=120, help="simulated seconds between passes")
     parser.add_argument("--projects", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()

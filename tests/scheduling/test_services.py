@@ -19,7 +19,7 @@ from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass
 from tests.factories import UserFactory
 from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec, window
-from tests.scheduling.support import submit
+from tests.scheduling.support import allow, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -48,6 +48,41 @@ def test_the_classes_come_from_the_migration():
         ("high", 100, Decimal("1.500"), False),
         ("normal", 50, Decimal("1.000"), False),
     ]
+    # Only the projects an operator grants it may use "high"; "normal" is anyone's.
+    assert [(c.name, c.restricted) for c in PriorityClass.objects.all()] == [("high", True), ("normal", False)]
+
+
+def test_submitting_in_a_restricted_class_needs_the_policy_to_allow_it(h100):
+    proj = project()
+    with pytest.raises(ValidationFailed) as exc:
+        submit(proj, spec(h100), priority="high", allow_class=False)
+    assert list(exc.value.fields) == ["priority_class"]
+    assert not proj.queued_requests.exists()
+    allow(proj, "high")
+    assert submit(proj, spec(h100), priority="high", allow_class=False).priority_class.name == "high"
+
+
+def test_an_operator_class_change_is_an_event_and_reorders_the_queue():
+    model = gpu_model()
+    server(model, gpus=1)
+    proj = project()
+    first = submit(proj, spec(model), name="first")
+    second = submit(proj, spec(model), name="second")
+    operator = UserFactory(is_staff=True)
+    moved = services.request_set_class(
+        request=second, priority_class=PriorityClass.objects.get(name="high"), actor=operator, reason="deadline"
+    )
+    assert moved.priority_class.name == "high" and moved.state == RequestState.QUEUED
+    assert moved.events.last().reason == "class normal -> high: deadline"
+    assert services.schedule_pass() == 1
+    second.refresh_from_db()
+    first.refresh_from_db()
+    assert second.state == RequestState.STARTED and first.state == RequestState.QUEUED
+    with pytest.raises(Conflict) as exc:
+        services.request_set_class(
+            request=second, priority_class=PriorityClass.objects.get(name="normal"), actor=operator
+        )
+    assert exc.value.code == "invalid_state"
 
 
 def test_submit_queues_without_holding_anything(h100):
