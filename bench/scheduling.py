@@ -286,7 +286,9 @@ def main() -> None:
     )
     preemptions = ReservationEvent.objects.filter(Q(reason__icontains="preempt")).count()
     print(f"\nqueue ({queue_s:.0f} s wall):")
-    print(f"  GPU utilization            {utilization(queue_model, start=measured[0], end=measured[1]):6.1%}")
+    queue_util = utilization(queue_model, start=measured[0], end=measured[1])
+    span = (measured[1] - measured[0]).total_seconds() / 3600
+    print(f"  GPU utilization            {queue_util:6.1%}  (measured over {span:.1f} h, after the first 2 h)")
     for klass in classes.values():
         rows = QueuedRequest.objects.filter(priority_class=klass, created_at__lt=end)
         waits = [
@@ -308,7 +310,12 @@ def main() -> None:
         f"({len(q['pass_ms'])} passes, {backfilled} started)"
     )
     print(f"\nbook-or-refuse, same arrivals ({baseline_s:.0f} s wall):")
-    print(f"  GPU utilization            {utilization(baseline_model, start=measured[0], end=measured[1]):6.1%}")
+    refused_util = utilization(baseline_model, start=measured[0], end=measured[1])
+    span_h = (measured[1] - measured[0]).total_seconds() / 3600
+    print(
+        f"  GPU utilization            {refused_util:6.1%}  "
+        f"({(1 - refused_util) * SERVERS * GPUS * span_h:,.0f} GPU-h left idle over the measured {span_h:.1f} h)"
+    )
     print(
         f"  refused                    {b['refused']} of {b['refused'] + b['booked']} requests, "
         f"{b['refused_gpu_h']:,.0f} GPU-h ({b['refused_gpu_h'] / offered:.0%} of what was asked)"
