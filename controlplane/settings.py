@@ -332,6 +332,13 @@ ACCOUNTING_IDLE_UTIL_PERCENT = env_float("ACCOUNTING_IDLE_UTIL_PERCENT", 5.0, mi
 # A report flags a mean utilization under this (percent).
 ACCOUNTING_LOW_UTIL_PERCENT = env_float("ACCOUNTING_LOW_UTIL_PERCENT", 70.0, minimum=0.0)
 
+# --- Scheduling (docs/scheduling.md) -------------------------------------------------------------------
+# Fair share: the half-life, in days, of the usage that orders projects within a class.
+SCHEDULING_FAIRSHARE_HALF_LIFE = env_float("SCHEDULING_FAIRSHARE_HALF_LIFE", 7.0, minimum=0.01)
+# The most requests one pass tries to book (each try is a booking attempt, and a shadow-time search when the
+# GPUs are busy): a pass stays bounded however long the queue is; the rest wait for the next pass.
+SCHEDULING_PASS_MAX_TRIES = env_int("SCHEDULING_PASS_MAX_TRIES", 50, minimum=1)
+
 # --- Dispatch -------------------------------------------------------------------------------------------
 # A launch is sent this long before its window so the agent starts it on its own clock at the start.
 DISPATCH_LEAD_S = env_float("DISPATCH_LEAD_S", 2.0, minimum=0.0)

@@ -651,5 +651,10 @@ ROWS.extend(
         ),
         row("GET", QUEUED, **MEMBERS_READ),
         row("POST", QUEUED + "cancel/", body={"reason": "matrix"}, **BOOKERS_WRITE),
+        row("GET", "/api/v1/requests/queue/", **OPERATORS_READ),
+        row("POST", QUEUED + "hold/", body={"reason": "matrix"}, **OPERATORS_WRITE),
+        row("POST", QUEUED + "release/", body={"reason": "matrix"}, **dict(OPERATORS_WRITE, operator=409)),
+        row("POST", QUEUED + "priority-class/", body={"priority_class": "high"}, **OPERATORS_WRITE),
+        row("GET", "/api/v1/projects/{project_slug}/fair-share/", **MEMBERS_READ),
     ]
 )

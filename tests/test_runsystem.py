@@ -99,6 +99,12 @@ def test_demo_data_is_created_once_and_a_second_run_changes_nothing(db, var_dir,
     alice = users.get(username="alice")
     assert not alice.is_staff
     assert Membership.objects.get(user=alice, project__slug="demo").role == Role.OWNER
+    # The restricted queue class "high" is granted to the demo project's quota policy.
+    from controlplane.scheduling.models import PriorityClass
+
+    assert list(PriorityClass.objects.get(name="high").allowed_policies.values_list("project__slug", flat=True)) == [
+        "demo"
+    ]
     assert users.count() == 2
     assert set(GpuModel.objects.values_list("name", "memory_mib")) == {("H100-80GB", 81559), ("A100-40GB", 40960)}
     # The generated passwords work, and the second run shows the same ones instead of resetting them.

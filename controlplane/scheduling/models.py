@@ -6,11 +6,13 @@ import uuid
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
 from controlplane.core.models import StateChangeEvent
+from controlplane.ledger.models import QuotaPolicy
 from controlplane.reservations.models import Reservation
 from controlplane.scheduling.choices import RequestState
 
@@ -18,13 +20,24 @@ from controlplane.scheduling.choices import RequestState
 class PriorityClass(models.Model):
     """A queue class: a higher ``rank`` is served first; its bookings hold and are charged their GPUs' weight
     times ``credit_multiplier``. A ``preemptible`` class's reservations yield their GPUs to non-preemptible
-    bookings after ``notice_seconds`` of notice (docs/scheduling.md, "Preemption")."""
+    bookings after ``notice_seconds`` of notice (docs/scheduling.md, "Preemption").
+
+    A ``restricted`` class may be used only by the projects whose quota policy is among ``allowed_policies``;
+    an unrestricted one by any project. The relation points from scheduling down to the ledger, which knows
+    nothing of the queue."""
 
     name = models.SlugField(max_length=40, unique=True)
     rank = models.IntegerField()
     credit_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=Decimal("1"))
     notice_seconds = models.PositiveIntegerField(default=0)
     preemptible = models.BooleanField(default=False)
+    restricted = models.BooleanField(default=False)
+    allowed_policies = models.ManyToManyField(
+        QuotaPolicy,
+        blank=True,
+        related_name="priority_classes",
+        help_text="The quota policies (one per project) that may use this class when it is restricted.",
+    )
 
     class Meta:
         ordering = ["-rank", "name"]
@@ -60,6 +73,10 @@ class QueuedRequest(models.Model):
     requeued_from = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="requeued_as"
     )
+    # The earliest start the last pass found for it while its GPUs were busy (its shadow time), and the
+    # reservation that ends then: what an operator reads as "blocked by ... until ...".
+    blocked_until = models.DateTimeField(null=True, blank=True)
+    blocked_by = models.ForeignKey(Reservation, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
 
@@ -81,3 +98,16 @@ class QueuedRequestEvent(StateChangeEvent):
 
     def __str__(self) -> str:
         return f"{self.request_id}: {self.from_state}->{self.to_state}"
+
+
+class ProjectShare(models.Model):
+    """A project's fair-share ``shares`` (docs/scheduling.md, "Fair share"); a project without a row has 1.
+
+    Set by an operator in the admin. Kept here rather than on the quota policy: the ledger app sits below
+    scheduling and has no notion of the queue."""
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="fair_share")
+    shares = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+
+    def __str__(self) -> str:
+        return f"{self.project}: {self.shares} shares"

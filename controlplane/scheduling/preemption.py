@@ -22,17 +22,20 @@ from controlplane.scheduling.models import QueuedRequest
 Book = Callable[..., None]
 
 
-def start_by_preempting(request: QueuedRequest, *, now: datetime, book: Book) -> bool:
+def start_by_preempting(
+    request: QueuedRequest, *, now: datetime, book: Book, must_end_by: datetime | None = None
+) -> bool:
     """Book ``request`` over preemptible reservations' GPUs, from when their notice allows; False (nothing
-    written) when its class is preemptible, or when cutting them would not make room. ``book`` is the
-    pass's ``_book_and_mark``."""
+    written) when its class is preemptible, when cutting them would not make room, or when, started that
+    late, it would end after ``must_end_by`` (the earliest shadow time of a blocked request ahead: a backfill
+    may delay none of them). ``book`` is the pass's ``_book_and_mark``."""
     if request.priority_class.preemptible:
         return False  # a preemptible request only starts on GPUs nobody holds
     from controlplane.scheduling.services import spec_of
 
     duration = timedelta(seconds=request.duration_seconds)
     start = earliest_preempting_start(spec_of(request), duration, now=now)
-    if start is None:
+    if start is None or (must_end_by is not None and start + duration > must_end_by):
         return False
     from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
     from controlplane.scheduling.services import _Lost

@@ -9,10 +9,12 @@ delayed by the queue.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
@@ -29,12 +31,15 @@ from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest
 from controlplane.scheduling import preemption
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
+from controlplane.scheduling.order import Entry, Shadow, iso, ordered_queue, shadow
 
 log = logging.getLogger(__name__)
 
 NOT_STARTED_BY = "not started by start_by"
 # Codes of a booking refused because the GPUs are not free now: the request waits, and blocks those behind it.
 _BUSY_CODES = frozenset({"no_capacity", "gpu_taken"})
+# The states of a request that has not started: it may be cancelled, or have its class changed.
+_WAITING = (RequestState.QUEUED, RequestState.HELD)
 
 
 def _user(actor: Any) -> Any:
@@ -108,6 +113,20 @@ def _refuse_if_it_can_never_fit(
     )
 
 
+def class_allowed(*, project: Project, priority_class: PriorityClass) -> bool:
+    """An unrestricted class is anyone's; a restricted one only of the projects its quota policies name."""
+    return not priority_class.restricted or priority_class.allowed_policies.filter(project=project).exists()
+
+
+def _refuse_a_class_not_allowed(*, project: Project, priority_class: PriorityClass) -> None:
+    if not class_allowed(project=project, priority_class=priority_class):
+        message = (
+            f'The class "{priority_class.name}" is restricted, and the quota policy of project {project.slug} '
+            "does not allow it; an operator can grant it."
+        )
+        raise ValidationFailed(f"priority_class: {message}", fields={"priority_class": [message]})
+
+
 @transaction.atomic
 def request_submit(
     *,
@@ -122,8 +141,9 @@ def request_submit(
     now: datetime | None = None,
     requeue: bool = False,
 ) -> QueuedRequest:
-    """Queue a request. Raises ValidationFailed for a bad one, Conflict ``no_capacity`` when the fleet has too
-    few matching GPUs for it ever to start, QuotaExceeded when the project's quota rules it out."""
+    """Queue a request. Raises ValidationFailed for a bad one (or a class its quota policy does not allow),
+    Conflict ``no_capacity`` when the fleet has too few matching GPUs for it ever to start, QuotaExceeded when
+    the project's quota rules it out."""
     now = now or timezone.now()
     name = (name or "").strip()
     if not name:
@@ -141,6 +161,7 @@ def request_submit(
         if start_by <= now:
             message = "Must be in the future."
             raise ValidationFailed(f"start_by: {message}", fields={"start_by": [message]})
+    _refuse_a_class_not_allowed(project=project, priority_class=priority_class)
     _refuse_if_it_can_never_fit(
         project=project, spec=spec, duration=duration, now=now, multiplier=priority_class.credit_multiplier
     )
@@ -177,21 +198,21 @@ def trigger_pass() -> None:
 def request_cancel(
     *, request: QueuedRequest, actor: Any, reason: str = "", now: datetime | None = None
 ) -> QueuedRequest:
-    """Take a request off the queue; only while it is queued (409 ``invalid_state`` after)."""
+    """Take a request off the queue; only while it is queued or held (409 ``invalid_state`` after)."""
     now = now or timezone.now()
     current = QueuedRequest.objects.select_for_update().get(pk=request.pk)
-    changed = QueuedRequest.objects.filter(pk=current.pk, state=RequestState.QUEUED).update(
+    changed = QueuedRequest.objects.filter(pk=current.pk, state=current.state, state__in=_WAITING).update(
         state=RequestState.CANCELLED, reason=reason or "cancelled"
     )
     if not changed:
         raise Conflict(
-            f"A {current.state} request cannot be cancelled: only a queued one can "
+            f"A {current.state} request cannot be cancelled: only a queued or held one can "
             "(cancel a started one's reservation instead).",
             code="invalid_state",
         )
     _event(
         current,
-        from_state=RequestState.QUEUED,
+        from_state=current.state,
         to_state=RequestState.CANCELLED,
         actor=actor,
         reason=reason or "cancelled",
@@ -201,30 +222,24 @@ def request_cancel(
     return current
 
 
-def queue_order() -> list[str]:
-    """How the pass orders the queue: class rank, highest first, then first come, first served."""
-    return ["-priority_class__rank", "created_at", "id"]
-
-
 @transaction.atomic
 def _fail(request_id: int, *, reason: str, now: datetime) -> None:
-    changed = QueuedRequest.objects.filter(pk=request_id, state=RequestState.QUEUED).update(
+    current = QueuedRequest.objects.filter(pk=request_id, state__in=_WAITING).first()
+    if current is None:
+        return
+    changed = QueuedRequest.objects.filter(pk=request_id, state=current.state).update(
         state=RequestState.FAILED, reason=reason
     )
     if changed:
-        request = QueuedRequest.objects.get(pk=request_id)
-        _event(
-            request,
-            from_state=RequestState.QUEUED,
-            to_state=RequestState.FAILED,
-            actor=None,
-            reason=reason,
-            at=now,
-        )
+        _event(current, from_state=current.state, to_state=RequestState.FAILED, actor=None, reason=reason, at=now)
 
 
-def _wait(request_id: int, reason: str) -> None:
-    QueuedRequest.objects.filter(pk=request_id, state=RequestState.QUEUED).update(reason=reason)
+def _wait(request_id: int, reason: str, found: Shadow | None = None) -> None:
+    QueuedRequest.objects.filter(pk=request_id, state=RequestState.QUEUED).update(
+        reason=reason,
+        blocked_until=None if found is None else found.at,
+        blocked_by=None if found is None else found.blocker,
+    )
 
 
 class _Lost(Exception):
@@ -234,8 +249,8 @@ class _Lost(Exception):
 @retry_on_transient
 def _book_and_mark(request: QueuedRequest, *, now: datetime, starts_at: datetime | None = None) -> None:
     """Book the request from ``starts_at`` (default ``now``) and mark it started, in one transaction: when
-    another pass (or a cancel) moved it first, the conditional update finds nothing and the booking rolls
-    back (raises _Lost). The booking carries the class: preemptible, its notice, its credit multiplier."""
+    another pass (or a cancel, or a hold) moved it first, the conditional update finds nothing and the booking
+    rolls back (raises _Lost). The booking carries the class: preemptible, its notice, its credit multiplier."""
     actor = request.created_by
     start = starts_at or now
     priority_class = request.priority_class
@@ -252,7 +267,12 @@ def _book_and_mark(request: QueuedRequest, *, now: datetime, starts_at: datetime
         credit_multiplier=priority_class.credit_multiplier,
     )
     changed = QueuedRequest.objects.filter(pk=request.pk, state=RequestState.QUEUED).update(
-        state=RequestState.STARTED, reservation=reservation, started_at=now, reason=""
+        state=RequestState.STARTED,
+        reservation=reservation,
+        started_at=now,
+        reason="",
+        blocked_until=None,
+        blocked_by=None,
     )
     if not changed:
         raise _Lost
@@ -266,53 +286,186 @@ def _book_and_mark(request: QueuedRequest, *, now: datetime, starts_at: datetime
     )
 
 
-def _try_start(request_id: int, *, now: datetime) -> str:
-    """One decision: "started", "busy" (the GPUs are not free), "waiting" (quota), "failed" or "skipped"."""
+def _try_start(request_id: int, *, now: datetime, must_end_by: datetime | None = None) -> tuple[str, str]:
+    """Book one request now. The outcome: "started", "busy" (its GPUs are not free), "waiting" (quota),
+    "failed" or "skipped"; and the refusal's words, if any."""
     request = (
         QueuedRequest.objects.select_related("project", "created_by", "priority_class")
         .filter(pk=request_id, state=RequestState.QUEUED)
         .first()
     )
     if request is None:
-        return "skipped"
+        return "skipped", ""
     try:
         _book_and_mark(request, now=now)
     except _Lost:
-        return "skipped"
+        return "skipped", ""
     except Conflict as exc:
         # Preemption (scheduling/preemption.py): a non-preemptible class takes GPUs from preemptible
         # reservations, booked from when their notice allows.
-        if exc.code in _BUSY_CODES and preemption.start_by_preempting(request, now=now, book=_book_and_mark):
-            return "started"
-        _wait(request.pk, exc.message)
-        return "busy" if exc.code in _BUSY_CODES else "waiting"
+        if exc.code in _BUSY_CODES and preemption.start_by_preempting(
+            request, now=now, book=_book_and_mark, must_end_by=must_end_by
+        ):
+            return "started", ""
+        return ("busy" if exc.code in _BUSY_CODES else "waiting"), exc.message
     except QuotaExceeded as exc:
-        _wait(request.pk, exc.message)
-        return "waiting"
+        return "waiting", exc.message
     except ValidationFailed as exc:
         # What was valid at submit is not any more (a volume deleted, an egress network withdrawn).
         _fail(request.pk, reason=exc.message, now=now)
-        return "failed"
-    return "started"
+        return "failed", exc.message
+    return "started", ""
+
+
+@dataclass
+class PassReport:
+    """What one pass did: how many it started (by backfill among them), tried, and found blocked."""
+
+    started: int = 0
+    backfilled: int = 0
+    tried: int = 0
+    blocked: int = 0
+    skipped_by_backfill_rule: int = 0
+    queued: int = 0
+
+
+def _covers(entry: Entry, busy: Entry) -> bool:
+    """Whether ``entry`` is known not to fit now because ``busy`` did not: the same GPUs, count and kind, for
+    at least as long (a shorter one may fit in a gap before a booking). Nothing frees GPUs during a pass."""
+    return entry.spec == busy.spec and entry.duration >= busy.duration
 
 
 def schedule_pass(*, now: datetime | None = None) -> int:
-    """Start what fits now, one decision at a time, in queue order; returns how many started.
+    """Start what fits now, in queue order, with EASY backfill; returns how many started (see run_pass)."""
+    return run_pass(now=now).started
 
-    Requests past their ``start_by`` fail. The others are booked for ``[now, now + duration)``; the first
-    whose GPUs are not free stops the pass, so nothing behind it (of its class or a lower one) starts before
-    it. One refused by the quota waits with the reason and does not block the rest.
+
+def run_pass(*, now: datetime | None = None, max_tries: int | None = None) -> PassReport:
+    """One pass of the queue (docs/scheduling.md, "The pass").
+
+    Requests past their ``start_by`` fail. The others, in queue order (class, fair share, first come), are
+    booked for ``[now, now + duration)`` through the booking service. One whose GPUs are busy gets its
+    shadow time, the earliest start the booked calendar leaves it; a request behind it is then tried only if
+    its booking would end by the earliest shadow time of every blocked request ahead of it, so starting it
+    delays none of them (EASY backfill). One refused by the quota waits with the reason and blocks nothing.
+    At most ``max_tries`` (SCHEDULING_PASS_MAX_TRIES) requests are tried; the rest wait for the next pass.
     """
     now = now or timezone.now()
-    late = QueuedRequest.objects.filter(state=RequestState.QUEUED, start_by__lte=now).values_list("pk", flat=True)
+    limit = max_tries if max_tries is not None else int(settings.SCHEDULING_PASS_MAX_TRIES)
+    late = QueuedRequest.objects.filter(state__in=_WAITING, start_by__lte=now).values_list("pk", flat=True)
     for request_id in list(late):
         _fail(request_id, reason=NOT_STARTED_BY, now=now)
-    started = 0
-    queued = QueuedRequest.objects.filter(state=RequestState.QUEUED).order_by(*queue_order())
-    for request_id in list(queued.values_list("pk", flat=True)):
-        outcome = _try_start(request_id, now=now)
-        if outcome == "started":
-            started += 1
-        elif outcome == "busy":
+    report = PassReport()
+    queue = ordered_queue(now=now)
+    report.queued = len(queue)
+    # The blocked requests ahead, by shadow time: the earliest is the bound every later start must end by.
+    earliest: tuple[datetime, Entry] | None = None
+    busy: list[Entry] = []
+    for entry in queue:
+        if earliest is not None and now + entry.duration > earliest[0]:
+            report.skipped_by_backfill_rule += 1
+            reason = (
+                f"waiting behind request {earliest[1].public_id}, which is blocked until {iso(earliest[0])}: "
+                "started now, this one would end after that"
+            )
+            # Nothing is searched for it, and nothing written unless its reason changed: a long queue behind a
+            # blocked request costs the pass one read, not a write per request.
+            if reason != entry.reason:
+                _wait(entry.id, reason)
+            continue
+        if report.tried >= limit:
             break
-    return started
+        report.tried += 1
+        known_busy = any(_covers(entry, other) for other in busy)
+        bound = earliest[0] if earliest is not None else None
+        outcome, message = ("busy", "") if known_busy else _try_start(entry.id, now=now, must_end_by=bound)
+        if outcome == "started":
+            report.started += 1
+            report.backfilled += earliest is not None
+        elif outcome == "busy":
+            report.blocked += 1
+            busy.append(entry)
+            found = shadow(entry.spec, duration=entry.duration, now=now)
+            reason = found.reason(entry.spec)
+            if reason != entry.reason:
+                _wait(entry.id, reason, found)
+            if earliest is None or found.at < earliest[0]:
+                earliest = (found.at, entry)
+        elif outcome == "waiting":
+            _wait(entry.id, message)
+    return report
+
+
+def _operator_change(
+    *, request: QueuedRequest, from_states: tuple[str, ...], to: str, actor: Any, reason: str, now: datetime | None
+) -> QueuedRequest:
+    now = now or timezone.now()
+    current = QueuedRequest.objects.select_for_update().get(pk=request.pk)
+    changed = QueuedRequest.objects.filter(pk=current.pk, state=current.state, state__in=from_states).update(state=to)
+    if not changed:
+        allowed = " or ".join(from_states)
+        raise Conflict(f"A {current.state} request cannot be {to}: only a {allowed} one can.", code="invalid_state")
+    _event(current, from_state=current.state, to_state=to, actor=actor, reason=reason, at=now)
+    current.refresh_from_db()
+    return current
+
+
+@transaction.atomic
+def request_hold(*, request: QueuedRequest, actor: Any, reason: str = "", now: datetime | None = None) -> QueuedRequest:
+    """An operator keeps a queued request from starting: the pass skips it until it is released."""
+    held = _operator_change(
+        request=request,
+        from_states=(RequestState.QUEUED,),
+        to=RequestState.HELD,
+        actor=actor,
+        reason=reason or "held by an operator",
+        now=now,
+    )
+    return held
+
+
+@transaction.atomic
+def request_release(
+    *, request: QueuedRequest, actor: Any, reason: str = "", now: datetime | None = None
+) -> QueuedRequest:
+    """Put a held request back in the queue, at the place its class, fair share and age give it."""
+    released = _operator_change(
+        request=request,
+        from_states=(RequestState.HELD,),
+        to=RequestState.QUEUED,
+        actor=actor,
+        reason=reason or "released by an operator",
+        now=now,
+    )
+    transaction.on_commit(trigger_pass)
+    return released
+
+
+@transaction.atomic
+def request_set_class(
+    *, request: QueuedRequest, priority_class: PriorityClass, actor: Any, reason: str = "", now: datetime | None = None
+) -> QueuedRequest:
+    """An operator moves a waiting request to another class (an event; the state is unchanged). The quota
+    policy's class rules bind tenants at submit; an operator's choice overrides them."""
+    now = now or timezone.now()
+    current = QueuedRequest.objects.select_for_update().select_related("priority_class").get(pk=request.pk)
+    before = current.priority_class.name
+    changed = QueuedRequest.objects.filter(pk=current.pk, state=current.state, state__in=_WAITING).update(
+        priority_class=priority_class
+    )
+    if not changed:
+        raise Conflict(
+            f"A {current.state} request cannot change class: only a queued or held one can.", code="invalid_state"
+        )
+    words = f"class {before} -> {priority_class.name}"
+    _event(
+        current,
+        from_state=current.state,
+        to_state=current.state,
+        actor=actor,
+        reason=f"{words}: {reason}" if reason else words,
+        at=now,
+    )
+    transaction.on_commit(trigger_pass)
+    current.refresh_from_db()
+    return current

@@ -17,6 +17,11 @@ def klass(name: str = "normal") -> PriorityClass:
     return PriorityClass.objects.get(name=name)
 
 
+def allow(proj: Project, name: str) -> None:
+    """Grant a restricted class to the project's quota policy, as an operator does in the admin."""
+    klass(name).allowed_policies.add(proj.quota_policy)
+
+
 def submit(
     proj: Project,
     s: GpuSpec,
@@ -27,7 +32,11 @@ def submit(
     name: str = "job",
     actor: Any = None,
     now: datetime | None = None,
+    allow_class: bool = True,
 ) -> QueuedRequest:
+    """Queue a request; a restricted class is granted to the project first unless ``allow_class`` is False."""
+    if allow_class and klass(priority).restricted:
+        allow(proj, priority)
     return services.request_submit(
         project=proj,
         name=name,

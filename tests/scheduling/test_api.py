@@ -11,7 +11,7 @@ from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import QueuedRequest
 from tests.factories import UserFactory
 from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec, window
-from tests.scheduling.support import submit
+from tests.scheduling.support import allow, submit
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/requests/"
@@ -51,6 +51,7 @@ def test_submitting_needs_owner_or_member(api_client, fleet, team, role, expecte
 
 
 def test_submit_answers_the_queued_request(api_client, fleet, team):
+    allow(team["project"], "high")
     api_client.force_authenticate(team["member"])
     start_by = (timezone.now() + timedelta(hours=4)).isoformat()
     response = api_client.post(URL, body(team["project"], start_by=start_by, priority_class="high"), format="json")
@@ -152,10 +153,12 @@ def test_position_estimated_start_reason_and_reservation(api_client, fleet, team
     a = api_client.get(f"{URL}{normal.public_id}/").data
     b = api_client.get(f"{URL}{high.public_id}/").data
     assert (a["position"], b["position"]) == (2, 1)
-    # From the booked windows alone: when the blocker ends.
-    assert a["estimated_start"] == blocker.ends_at.isoformat().replace("+00:00", "Z")
-    assert "Not enough" in b["reason"]
-    assert a["reason"] == ""  # the pass stopped at the blocked higher one before reaching it
+    # When the blocker ends, plus the hour the high one ahead of it takes on the two GPUs.
+    expected = blocker.ends_at + timedelta(hours=1)
+    assert a["estimated_start"] == expected.isoformat().replace("+00:00", "Z")
+    assert b["estimated_start"] == blocker.ends_at.isoformat().replace("+00:00", "Z")
+    until = blocker.ends_at.isoformat().replace("+00:00", "Z")
+    assert b["reason"] == f"waiting for 2 x H100-80GB; blocked by reservation {blocker.public_id} until {until}"
     booking.reservation_release(reservation=blocker, actor=team["owner"])
     services.schedule_pass()
     b = api_client.get(f"{URL}{high.public_id}/").data
@@ -192,3 +195,85 @@ def test_the_list_costs_the_same_queries_for_one_request_or_many(api_client, fle
         rows = api_client.get(URL).data["results"]
     assert len(rows) == 6
     assert len(six) == len(one), [q["sql"] for q in six.captured_queries]
+
+
+def test_a_restricted_class_the_policy_does_not_allow_is_a_400_naming_priority_class(api_client, fleet, team):
+    api_client.force_authenticate(team["member"])
+    response = api_client.post(URL, body(team["project"], priority_class="high"), format="json")
+    assert response.status_code == 400
+    error = response.data["error"]
+    assert error["code"] == "validation_error" and "priority_class" in error["fields"]
+    assert 'The class "high" is restricted' in error["fields"]["priority_class"][0]
+    assert not QueuedRequest.objects.exists()
+    allow(team["project"], "high")
+    assert api_client.post(URL, body(team["project"], priority_class="high"), format="json").status_code == 201
+
+
+@pytest.fixture
+def operator():  # type: ignore[no-untyped-def]
+    return UserFactory(is_staff=True)
+
+
+def test_operators_see_the_whole_queue_with_a_reason_per_request(api_client, fleet, team, operator):
+    proj, other = team["project"], project()
+    blocker = booking.reservation_create(
+        project=other,
+        name="blocker",
+        spec=spec(fleet, count=2),
+        window=window(start_in=timedelta(0), hours=2),
+        container=CONTAINER,
+        actor=operator,
+    )
+    mine = submit(proj, spec(fleet, count=2), name="mine")
+    theirs = submit(other, spec(fleet, count=1), name="theirs", hours=3)
+    held = submit(other, spec(fleet, count=1), name="held")
+    services.request_hold(request=held, actor=operator)
+    services.schedule_pass()
+    api_client.force_authenticate(operator)
+    rows = api_client.get(f"{URL}queue/").data
+    assert [(r["name"], r["position"], r["state"]) for r in rows] == [
+        ("mine", 1, "queued"),
+        ("theirs", 2, "queued"),
+        ("held", None, "held"),
+    ]
+    until = blocker.ends_at.isoformat().replace("+00:00", "Z")
+    assert rows[0]["reason"] == f"waiting for 2 x H100-80GB; blocked by reservation {blocker.public_id} until {until}"
+    assert rows[0]["blocked_by"] == str(blocker.public_id) and rows[0]["blocked_until"] == until
+    assert rows[0]["spec"] == "2 x H100-80GB" and rows[0]["fair_share_factor"] == 1.0
+    assert rows[1]["reason"].startswith(f"waiting behind request {mine.public_id}")
+    assert rows[1]["id"] == str(theirs.public_id)
+    api_client.force_authenticate(team["owner"])
+    assert api_client.get(f"{URL}queue/").status_code == 403
+
+
+def test_operators_hold_release_and_change_the_class(api_client, fleet, team, operator):
+    r = submit(team["project"], spec(fleet, count=1))
+    api_client.force_authenticate(team["owner"])
+    for path, payload in (("hold/", {}), ("release/", {}), ("priority-class/", {"priority_class": "high"})):
+        assert api_client.post(f"{URL}{r.public_id}/{path}", payload, format="json").status_code == 403
+    api_client.force_authenticate(operator)
+    held = api_client.post(f"{URL}{r.public_id}/hold/", {"reason": "image under review"}, format="json")
+    assert held.status_code == 200 and held.data["state"] == "held" and held.data["position"] is None
+    again = api_client.post(f"{URL}{r.public_id}/hold/", {}, format="json")
+    assert again.status_code == 409 and again.data["error"]["code"] == "invalid_state"
+    moved = api_client.post(f"{URL}{r.public_id}/priority-class/", {"priority_class": "high"}, format="json")
+    assert moved.status_code == 200 and moved.data["priority_class"] == "high" and moved.data["state"] == "held"
+    bad = api_client.post(f"{URL}{r.public_id}/priority-class/", {"priority_class": "nope"}, format="json")
+    assert bad.status_code == 400 and "priority_class" in bad.data["error"]["fields"]
+    released = api_client.post(f"{URL}{r.public_id}/release/", {}, format="json")
+    assert released.status_code == 200 and released.data["state"] == "queued" and released.data["position"] == 1
+    assert [(e["from_state"], e["to_state"], e["reason"]) for e in released.data["events"]] == [
+        ("", "queued", "submitted"),
+        ("queued", "held", "image under review"),
+        ("held", "held", "class normal -> high"),
+        ("held", "queued", "released by an operator"),
+    ]
+
+
+def test_a_project_fair_share_is_its_members_to_see(api_client, fleet, team):
+    url = f"/api/v1/projects/{team['project'].slug}/fair-share/"
+    api_client.force_authenticate(team["viewer"])
+    data = api_client.get(url).data
+    assert data["factor"] == 1.0 and data["shares"] == 1 and data["half_life_days"] == 7.0
+    api_client.force_authenticate(team["outsider"])
+    assert api_client.get(url).status_code == 404

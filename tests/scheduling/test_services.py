@@ -19,7 +19,7 @@ from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass
 from tests.factories import UserFactory
 from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec, window
-from tests.scheduling.support import submit
+from tests.scheduling.support import allow, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -50,6 +50,45 @@ def test_the_classes_come_from_the_migration():
         ("preemptible", 10, Decimal("0.500"), True),
     ]
     assert PriorityClass.objects.get(name="preemptible").notice_seconds == 120
+    # Only the projects an operator grants it may use "high"; "normal" is anyone's.
+    assert [(c.name, c.restricted) for c in PriorityClass.objects.all()] == [
+        ("high", True),
+        ("normal", False),
+        ("preemptible", False),
+    ]
+
+
+def test_submitting_in_a_restricted_class_needs_the_policy_to_allow_it(h100):
+    proj = project()
+    with pytest.raises(ValidationFailed) as exc:
+        submit(proj, spec(h100), priority="high", allow_class=False)
+    assert list(exc.value.fields) == ["priority_class"]
+    assert not proj.queued_requests.exists()
+    allow(proj, "high")
+    assert submit(proj, spec(h100), priority="high", allow_class=False).priority_class.name == "high"
+
+
+def test_an_operator_class_change_is_an_event_and_reorders_the_queue():
+    model = gpu_model()
+    server(model, gpus=1)
+    proj = project()
+    first = submit(proj, spec(model), name="first")
+    second = submit(proj, spec(model), name="second")
+    operator = UserFactory(is_staff=True)
+    moved = services.request_set_class(
+        request=second, priority_class=PriorityClass.objects.get(name="high"), actor=operator, reason="deadline"
+    )
+    assert moved.priority_class.name == "high" and moved.state == RequestState.QUEUED
+    assert moved.events.last().reason == "class normal -> high: deadline"
+    assert services.schedule_pass() == 1
+    second.refresh_from_db()
+    first.refresh_from_db()
+    assert second.state == RequestState.STARTED and first.state == RequestState.QUEUED
+    with pytest.raises(Conflict) as exc:
+        services.request_set_class(
+            request=second, priority_class=PriorityClass.objects.get(name="normal"), actor=operator
+        )
+    assert exc.value.code == "invalid_state"
 
 
 def test_submit_queues_without_holding_anything(h100):
@@ -137,7 +176,9 @@ def test_a_request_waits_while_its_gpus_are_booked_and_starts_once_they_are_rele
     r = submit(proj, spec(h100, count=2))
     assert services.schedule_pass() == 0
     r.refresh_from_db()
-    assert r.state == RequestState.QUEUED and "Not enough H100-80GB GPUs are free" in r.reason
+    assert r.state == RequestState.QUEUED
+    assert r.reason.startswith(f"waiting for 2 x H100-80GB; blocked by reservation {blocker.public_id} until ")
+    assert r.blocked_by == blocker and r.blocked_until == blocker.ends_at
     booking.reservation_release(reservation=blocker, actor=UserFactory())
     assert services.schedule_pass() == 1
     r.refresh_from_db()
@@ -215,14 +256,15 @@ def test_a_higher_class_starts_first():
     assert high.state == RequestState.STARTED and normal.state == RequestState.QUEUED
 
 
-def test_fifo_within_a_class_and_nothing_lower_starts_after_a_blocked_higher_one():
+def test_fifo_within_a_class_and_nothing_starts_that_would_delay_a_blocked_one_ahead():
     model = gpu_model()
     server(model, gpus=2)
     proj = project()
     first = submit(proj, spec(model, count=1), priority="high", name="first")
     big = submit(proj, spec(model, count=2), priority="high", name="big")  # cannot fit beside "first"
-    small_high = submit(proj, spec(model, count=1), priority="high", name="small-high")
-    small_normal = submit(proj, spec(model, count=1), name="small-normal")
+    # Both longer than "first": started now on the free GPU, either would push back "big"'s start.
+    small_high = submit(proj, spec(model, count=1), hours=2, priority="high", name="small-high")
+    small_normal = submit(proj, spec(model, count=1), hours=2, name="small-normal")
     assert services.schedule_pass() == 1
     states = {r.name: r.state for r in (first, big, small_high, small_normal) if not r.refresh_from_db()}
     # One GPU stays free, but neither the equal-class request behind "big" nor the lower-class one takes it.

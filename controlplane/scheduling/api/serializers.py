@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -19,7 +20,9 @@ from controlplane.reservations.api.serializers import (
 )
 from controlplane.reservations.specs import ContainerSpec
 from controlplane.scheduling import selectors
+from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
+from controlplane.scheduling.order import Entry, ordered_queue
 
 
 class QueuedRequestCreateSerializer(serializers.Serializer):
@@ -42,8 +45,9 @@ class QueuedRequestCreateSerializer(serializers.Serializer):
         slug_field="name",
         queryset=PriorityClass.objects.all(),
         required=False,
-        help_text='The class by name: "high", "normal" (the default) or "preemptible" (runs only on GPUs nobody '
-        "booked, at a discount, and yields them with notice).",
+        help_text='The class by name: "normal" (the default), "high" or "preemptible" (runs only on GPUs nobody '
+        "booked, at a discount, and yields them with notice). A restricted class (high) only where the "
+        "project's quota policy allows it (400 naming `priority_class` otherwise).",
     )
     requeue = serializers.BooleanField(
         required=False,
@@ -96,6 +100,18 @@ class QueuedRequestEventSerializer(serializers.ModelSerializer):
 
 class QueuedRequestSerializer(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id", read_only=True)
+    blocked_by = serializers.UUIDField(
+        source="blocked_by.public_id",
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="The reservation whose end frees its GPUs, when the last pass found them busy.",
+    )
+    blocked_until = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="Its shadow time: the earliest start the booked calendar left it at the last pass.",
+    )
     project = serializers.CharField(source="project.slug", read_only=True)
     priority_class = serializers.CharField(source="priority_class.name", read_only=True)
     spec = serializers.SerializerMethodField()
@@ -122,6 +138,8 @@ class QueuedRequestSerializer(serializers.ModelSerializer):
             "priority_class",
             "state",
             "reason",
+            "blocked_by",
+            "blocked_until",
             "reservation",
             "requeue",
             "requeued_from",
@@ -147,23 +165,75 @@ class QueuedRequestSerializer(serializers.ModelSerializer):
 
 class QueuedRequestDetailSerializer(QueuedRequestSerializer):
     position = serializers.SerializerMethodField(
-        help_text="1-based place among queued requests of its class and above, in the order the pass serves "
-        "them; null once it is not queued."
+        help_text="1-based place in the queue, in the order the pass serves it (class, fair share, first come); "
+        "null unless queued."
     )
     estimated_start = serializers.SerializerMethodField(
-        help_text="The earliest window of its duration from booked windows; the queue ahead is not yet counted. "
-        "Null when none is free in the week ahead, or once it is not queued."
+        help_text="Approximately when it starts: the earliest window of its duration from booked windows, plus "
+        "the time the queued requests ahead of it for the same GPUs take to drain on the matching fleet. Null "
+        "when no window is free in the week ahead, or unless queued."
     )
     events = QueuedRequestEventSerializer(many=True, read_only=True)
 
     class Meta(QueuedRequestSerializer.Meta):
         fields = [*QueuedRequestSerializer.Meta.fields, "position", "estimated_start", "events"]
 
+    def _queue(self) -> list[Entry]:
+        """The ordered queue, read once per answer and shared by position and estimated_start."""
+        queue = self.context.get("queue") if isinstance(self.context, dict) else None
+        if queue is None:
+            queue = ordered_queue(now=timezone.now())
+            if isinstance(self.context, dict):
+                self.context["queue"] = queue
+        return queue
+
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_position(self, request: QueuedRequest) -> int | None:
-        return selectors.position(request)
+        if request.state != RequestState.QUEUED:
+            return None
+        return selectors.position(request, queue=self._queue())
 
     @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_estimated_start(self, request: QueuedRequest) -> str | None:
-        at = selectors.estimated_start(request)
+        if request.state != RequestState.QUEUED:
+            return None
+        at = selectors.estimated_start(request, queue=self._queue())
         return None if at is None else serializers.DateTimeField().to_representation(at)
+
+
+class PriorityClassChangeSerializer(serializers.Serializer):
+    priority_class = SlugRelatedField(
+        slug_field="name", queryset=PriorityClass.objects.all(), help_text="The class to move the request to."
+    )
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+
+
+class FairShareSerializer(serializers.Serializer):
+    project = serializers.CharField(help_text="The project's slug.")
+    shares = serializers.IntegerField(help_text="Its shares, as an operator set them (1 unless set).")
+    usage_gpu_hours = serializers.FloatField(help_text="GPU-hours run, decayed by the half-life.")
+    normalized_usage = serializers.FloatField(help_text="U: its decayed usage over every project's.")
+    normalized_shares = serializers.FloatField(help_text="S: its shares over those of the competing projects.")
+    factor = serializers.FloatField(help_text="F = 2^(-U/S), in (0, 1]: higher is served first within a class.")
+    half_life_days = serializers.FloatField()
+
+
+class QueueEntrySerializer(serializers.Serializer):
+    """One row of the operators' whole-queue view."""
+
+    position = serializers.IntegerField(allow_null=True, help_text="Null for a held request.")
+    id = serializers.UUIDField()
+    project = serializers.CharField()
+    name = serializers.CharField()
+    priority_class = serializers.CharField()
+    state = serializers.CharField()
+    spec = serializers.CharField(help_text='What it waits for, in words: "4 x H100-80GB".')
+    duration_seconds = serializers.IntegerField()
+    fair_share_factor = serializers.FloatField(allow_null=True)
+    reason = serializers.CharField(
+        help_text='Why it has not started, from the last pass: "waiting for 4 x H100-80GB; blocked by reservation '
+        '<id> until <ISO 8601>".'
+    )
+    blocked_by = serializers.UUIDField(allow_null=True)
+    blocked_until = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()

@@ -8,21 +8,33 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from controlplane.accounts.selectors import can_book, projects_visible_to
+from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.scheduling import services
 from controlplane.scheduling.api.serializers import (
+    FairShareSerializer,
+    PriorityClassChangeSerializer,
     QueuedRequestCancelSerializer,
     QueuedRequestCreateSerializer,
     QueuedRequestDetailSerializer,
     QueuedRequestSerializer,
+    QueueEntrySerializer,
 )
+from controlplane.scheduling.fairshare import half_life
 from controlplane.scheduling.filters import QueuedRequestFilter
 from controlplane.scheduling.models import QueuedRequest
-from controlplane.scheduling.selectors import requests_visible_to
+from controlplane.scheduling.selectors import operator_queue, project_fair_share, requests_visible_to
 
 _ROLE = "Queueing needs the owner or member role in the project."
+_OPERATORS = "Only operators may do this."
+
+
+def _operator_only(request: Request) -> None:
+    # Before the lookup: a tenant is told 403 whether or not it may see the request.
+    if not is_operator(request.user):
+        raise PermissionDenied(_OPERATORS)
 
 
 class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -38,7 +50,7 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
 
     def get_queryset(self) -> QuerySet[QueuedRequest]:
         qs = requests_visible_to(self.request.user).select_related(
-            "project", "priority_class", "reservation", "requeued_from"
+            "project", "priority_class", "reservation", "requeued_from", "blocked_by"
         )
         if self.action != "list":
             qs = qs.prefetch_related("events")
@@ -90,3 +102,87 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         serializer.is_valid(raise_exception=True)
         services.request_cancel(request=queued, actor=request.user, reason=serializer.validated_data["reason"])
         return self._detail(queued.pk)
+
+    @extend_schema(
+        responses={200: QueueEntrySerializer(many=True)},
+        summary="Operators: the whole queue across projects, in the pass's order, with a reason per request",
+        description="The queued requests in the order the pass serves them (class, fair share, first come), then "
+        "the held ones. `reason` is the last pass's: for one whose GPUs are busy, what it waits for and the "
+        "reservation whose end frees them (`blocked_by`, `blocked_until`: its shadow time, ISO 8601). "
+        "403 for tenants.",
+    )
+    @action(detail=False, methods=["get"], pagination_class=None, filterset_class=None)
+    def queue(self, request: Request) -> Response:
+        _operator_only(request)
+        return Response(QueueEntrySerializer(operator_queue(), many=True).data)
+
+    @extend_schema(
+        request=QueuedRequestCancelSerializer,
+        responses={200: QueuedRequestDetailSerializer},
+        summary="Operators: hold a queued request (the pass skips it until released; 409 `invalid_state` else)",
+    )
+    @action(detail=True, methods=["post"])
+    def hold(self, request: Request, id: str) -> Response:
+        _operator_only(request)
+        queued = self.get_object()
+        serializer = QueuedRequestCancelSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.request_hold(request=queued, actor=request.user, reason=serializer.validated_data["reason"])
+        return self._detail(queued.pk)
+
+    @extend_schema(
+        request=QueuedRequestCancelSerializer,
+        responses={200: QueuedRequestDetailSerializer},
+        summary="Operators: release a held request back into the queue (409 `invalid_state` unless held)",
+    )
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, id: str) -> Response:
+        _operator_only(request)
+        queued = self.get_object()
+        serializer = QueuedRequestCancelSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.request_release(request=queued, actor=request.user, reason=serializer.validated_data["reason"])
+        return self._detail(queued.pk)
+
+    @extend_schema(
+        request=PriorityClassChangeSerializer,
+        responses={200: QueuedRequestDetailSerializer},
+        summary="Operators: move a queued or held request to another class (an event; 409 `invalid_state` else)",
+    )
+    @action(detail=True, methods=["post"], url_path="priority-class")
+    def priority_class(self, request: Request, id: str) -> Response:
+        _operator_only(request)
+        queued = self.get_object()
+        serializer = PriorityClassChangeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.request_set_class(
+            request=queued,
+            priority_class=serializer.validated_data["priority_class"],
+            actor=request.user,
+            reason=serializer.validated_data["reason"],
+        )
+        return self._detail(queued.pk)
+
+
+class ProjectFairShareView(APIView):
+    """A project's fair-share standing (docs/scheduling.md, "Fair share"); another tenant's project is 404."""
+
+    @extend_schema(
+        responses={200: FairShareSerializer},
+        summary="A project's fair share: its decayed usage, its shares and the factor F = 2^(-U/S)",
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        project = projects_visible_to(request.user).filter(slug=slug).first()
+        if project is None:
+            raise NotFound("No such project among yours.")
+        standing = project_fair_share(project.pk)
+        data = {
+            "project": project.slug,
+            "shares": standing.shares,
+            "usage_gpu_hours": standing.usage_gpu_hours,
+            "normalized_usage": standing.normalized_usage,
+            "normalized_shares": standing.normalized_shares,
+            "factor": standing.factor,
+            "half_life_days": half_life().total_seconds() / 86400,
+        }
+        return Response(FairShareSerializer(data).data)

@@ -138,6 +138,21 @@ def _seed_ledger(*, project: Project, actor: Any) -> str:
     return f"project {DEMO_PROJECT_SLUG}: quota policy and this period's credits already in place"
 
 
+def _seed_queue_classes(*, project: Project) -> str:
+    """Grant the restricted "high" queue class to the demo project's quota policy (docs/scheduling.md)."""
+    try:
+        from controlplane.ledger.models import QuotaPolicy
+        from controlplane.scheduling.models import PriorityClass
+    except ImportError as exc:
+        return f"scheduling unavailable ({exc}): no queue classes granted"
+    high = PriorityClass.objects.filter(name="high").first()
+    policy = QuotaPolicy.objects.filter(project=project).first()
+    if high is None or policy is None:
+        return f"project {DEMO_PROJECT_SLUG}: no quota policy or no class high, so no class granted"
+    high.allowed_policies.add(policy)
+    return f"project {DEMO_PROJECT_SLUG}: may queue in the restricted class high"
+
+
 @transaction.atomic
 def seed_demo() -> DemoResult:
     """Create the operator, the tenant ``alice`` owning project ``demo``, and the GPU catalog."""
@@ -157,6 +172,7 @@ def seed_demo() -> DemoResult:
     if created:
         result.notes.append(f"GPU catalog: added {', '.join(created)}")
     result.notes.append(_seed_ledger(project=project, actor=operator))
+    result.notes.append(_seed_queue_classes(project=project))
     return result
 
 
