@@ -106,7 +106,12 @@ def test_demo_data_is_created_once_and_a_second_run_changes_nothing(db, var_dir,
         "demo"
     ]
     assert users.count() == 2
-    assert set(GpuModel.objects.values_list("name", "memory_mib")) == {("H100-80GB", 81559), ("A100-40GB", 40960)}
+    assert set(GpuModel.objects.values_list("name", "memory_mib")) == {
+        ("H100-80GB", 81559),
+        ("A100-40GB", 40960),
+        ("MI300X", 196592),
+        ("MI250X", 65536),
+    }
     # The generated passwords work, and the second run shows the same ones instead of resetting them.
     for login_first, login_second in zip(first.logins, second.logins, strict=True):
         assert login_first.password and login_first.password == login_second.password

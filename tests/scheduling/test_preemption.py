@@ -19,7 +19,7 @@ from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import QueuedRequest
 from tests.factories import UserFactory
 from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec
-from tests.scheduling.support import klass
+from tests.scheduling.support import allow, klass
 
 pytestmark = pytest.mark.django_db
 
@@ -32,6 +32,8 @@ def h100():  # type: ignore[no-untyped-def]
 
 
 def submit(proj, s, *, priority="normal", requeue=False, hours=1, now=None):  # type: ignore[no-untyped-def]
+    if klass(priority).restricted:
+        allow(proj, priority)
     return services.request_submit(
         project=proj,
         name=f"{priority}-job",
@@ -232,6 +234,7 @@ def test_a_preempting_booking_the_quota_refuses_cuts_nothing_and_waits(h100):
     services.schedule_pass(now=now)
     victim = started(low)
     poor = project(grant="1")
+    allow(poor, "high")
     r = services.request_submit(
         project=poor,
         name="cheap",
