@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
-from controlplane.core import rows
+from controlplane.core import domain_events, rows
 from controlplane.core.db import retry_on_transient
 from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
 from controlplane.inventory.choices import GpuHealth, ServerState
@@ -65,7 +65,7 @@ def _event(
     data: dict[str, Any] | None = None,
     at: datetime | None = None,
 ) -> ReservationEvent:
-    return ReservationEvent.objects.create(
+    event = ReservationEvent.objects.create(
         reservation=reservation,
         from_state=from_state,
         to_state=to_state,
@@ -75,6 +75,8 @@ def _event(
         data=data or {},
         at=at or timezone.now(),
     )
+    domain_events.publish("reservation", [event])
+    return event
 
 
 def _lock_gpus(gpu_ids: Iterable[int]) -> dict[int, Gpu]:
@@ -306,6 +308,7 @@ def reservation_create(
         ),
     ]
     rows.insert(events)
+    domain_events.publish("reservation", events)
     # Everything a response shows is in hand (the GPUs came with their server and model under the lock):
     # filling the caches spares the caller three reads of what this transaction just wrote.
     reservation.project = project
