@@ -234,6 +234,8 @@ SPECTACULAR_SETTINGS = {
         "NetworkModeEnum": "controlplane.reservations.choices.NetworkMode",
         "QueuedRequestStateEnum": "controlplane.scheduling.choices.RequestState",
         "MountKindEnum": [("volume", "volume"), ("dataset", "dataset")],
+        "NotificationChannelEnum": "controlplane.notifications.choices.Channel",
+        "NotificationEventTypeEnum": "controlplane.notifications.choices.EventType",
     },
 }
 

@@ -4,7 +4,7 @@ import django_filters
 from django.db.models import QuerySet
 
 from controlplane.notifications.choices import EventType
-from controlplane.notifications.models import Notification, WebhookDelivery
+from controlplane.notifications.models import Notification
 
 
 class NotificationFilter(django_filters.FilterSet):
@@ -19,9 +19,3 @@ class NotificationFilter(django_filters.FilterSet):
         if value is None:
             return queryset
         return queryset.filter(read_at__isnull=value)
-
-
-class WebhookDeliveryFilter(django_filters.FilterSet):
-    class Meta:
-        model = WebhookDelivery
-        fields = ["state"]

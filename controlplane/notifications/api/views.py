@@ -5,7 +5,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -14,10 +14,11 @@ from rest_framework.views import APIView
 
 from controlplane.accounts import selectors as accounts
 from controlplane.accounts.models import Project
-from controlplane.core.errors import NotFound, PermissionDenied
+from controlplane.core.errors import NotFound, PermissionDenied, ValidationFailed
 from controlplane.notifications import selectors, services
 from controlplane.notifications.api import serializers as s
-from controlplane.notifications.filters import NotificationFilter, WebhookDeliveryFilter
+from controlplane.notifications.choices import DeliveryState
+from controlplane.notifications.filters import NotificationFilter
 from controlplane.notifications.models import EmailMessage, Notification, WebhookEndpoint
 
 
@@ -99,7 +100,6 @@ class WebhookEndpointViewSet(
 
     serializer_class = s.WebhookEndpointSerializer
     queryset = WebhookEndpoint.objects.none()
-    filterset_class: Any = None  # the delivery log's, on its action
     lookup_field = "public_id"
     lookup_url_kwarg = "id"
     lookup_value_regex = "[0-9a-fA-F-]{36}"
@@ -170,11 +170,21 @@ class WebhookEndpointViewSet(
         delivery = services.endpoint_send_test(endpoint=endpoint, actor=request.user)
         return Response(s.WebhookDeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(responses={200: s.WebhookDeliverySerializer(many=True)}, summary="The endpoint's delivery log")
-    @action(detail=True, methods=["get"], filterset_class=WebhookDeliveryFilter)
+    @extend_schema(
+        responses={200: s.WebhookDeliverySerializer(many=True)},
+        summary="The endpoint's delivery log, newest first",
+        parameters=[OpenApiParameter("state", enum=DeliveryState.values, required=False)],
+    )
+    @action(detail=True, methods=["get"])
     def deliveries(self, request: Request, project_pk: str, id: str) -> Response:
         endpoint = self.get_object()
-        qs: Any = self.filter_queryset(selectors.deliveries_of(endpoint))
+        qs: Any = selectors.deliveries_of(endpoint)
+        wanted = request.query_params.get("state")
+        if wanted:
+            if wanted not in DeliveryState.values:
+                message = f"Not one of {', '.join(DeliveryState.values)}."
+                raise ValidationFailed(message, fields={"state": [message]})
+            qs = qs.filter(state=wanted)
         page = self.paginate_queryset(qs)
         data = s.WebhookDeliverySerializer(page if page is not None else qs, many=True).data
         return self.get_paginated_response(data) if page is not None else Response(data)
