@@ -105,24 +105,31 @@ def deliver_endpoint(*, endpoint_id: int, limit: int = 500, clock: Any = timezon
     attempts = 0
     try:
         while attempts < limit:
-            now = clock()
-            delivery = (
+            # A batch per query: one statement per delivery (its outcome) is the cost of a busy queue.
+            batch = list(
                 WebhookDelivery.objects.filter(endpoint_id=endpoint_id, state=DeliveryState.PENDING)
-                .select_related("event", "endpoint")
-                .order_by("event_id")
-                .first()
+                .select_related("event", "endpoint__project")
+                .order_by("event_id")[: min(50, limit - attempts)]
             )
-            if delivery is None or (delivery.next_attempt_at is not None and delivery.next_attempt_at > now):
-                break
-            if not delivery.endpoint.enabled:
-                break
-            renewed = now + timedelta(seconds=LEASE_S)
-            if WebhookEndpoint.objects.filter(pk=endpoint_id, lease_until=lease).update(lease_until=renewed) != 1:
-                return attempts  # the lease ran out and another worker holds it now
-            lease = renewed
-            attempts += 1
-            if not attempt(delivery, now=now, clock=clock):
-                break
+            if not batch:
+                return attempts
+            for delivery in batch:
+                now = clock()
+                if delivery.next_attempt_at is not None and delivery.next_attempt_at > now:
+                    return attempts
+                if not delivery.endpoint.enabled:
+                    return attempts
+                if (lease - now).total_seconds() < LEASE_S / 2:
+                    renewed = now + timedelta(seconds=LEASE_S)
+                    if (
+                        WebhookEndpoint.objects.filter(pk=endpoint_id, lease_until=lease).update(lease_until=renewed)
+                        != 1
+                    ):
+                        return attempts  # the lease ran out and another worker holds it now
+                    lease = renewed
+                attempts += 1
+                if not attempt(delivery, now=now, clock=clock):
+                    return attempts
     finally:
         WebhookEndpoint.objects.filter(pk=endpoint_id, lease_until=lease).update(lease_until=None)
     return attempts
@@ -158,10 +165,12 @@ def attempt(delivery: WebhookDelivery, *, now: datetime, clock: Any = timezone.n
         fields.update(state=DeliveryState.FAILED, next_attempt_at=None)
     else:
         fields["next_attempt_at"] = done + timedelta(seconds=schedule[number - 1])
-    with transaction.atomic():
+    if fields.get("state") != DeliveryState.FAILED:
         WebhookDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.PENDING).update(**fields)
-        if fields.get("state") == DeliveryState.FAILED:
-            _disable(endpoint, delivery=delivery, error=fields["last_error"], now=done)
+        return ok
+    with transaction.atomic():  # the last attempt: the delivery fails and the endpoint is disabled together
+        WebhookDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.PENDING).update(**fields)
+        _disable(endpoint, delivery=delivery, error=fields["last_error"], now=done)
     return ok
 
 

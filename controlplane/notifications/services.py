@@ -97,7 +97,7 @@ def event_fan_out(*, event_id: int, now: datetime | None = None) -> bool:
     (or the event is gone). Sending happens in tasks after the commit."""
     now = now or timezone.now()
     event = (
-        Event.objects.select_for_update()
+        Event.objects.select_for_update(of=("self",))
         .select_related("reservation", "project", "server")
         .filter(pk=event_id, fanned_out_at__isnull=True)
         .first()
