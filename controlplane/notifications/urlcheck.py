@@ -39,10 +39,14 @@ def _allowed(address: str) -> bool:
 
 
 def parse(url: str) -> tuple[str, str, int, str]:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError as exc:  # "Invalid IPv6 URL" and the like
+        raise UrlRefused("This is not a URL.") from exc
     if parts.scheme not in ("http", "https"):
         raise UrlRefused("Only http and https URLs can receive webhooks.")
-    if not parts.hostname:
+    if not hostname:
         raise UrlRefused("The URL has no host.")
     if parts.username or parts.password:
         raise UrlRefused("Put credentials in the secret, not in the URL.")
@@ -53,7 +57,7 @@ def parse(url: str) -> tuple[str, str, int, str]:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    return parts.scheme, parts.hostname, port, path
+    return parts.scheme, hostname, port, path
 
 
 def resolve(url: str) -> Target:

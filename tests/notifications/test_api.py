@@ -157,3 +157,13 @@ def test_the_outbox_shows_your_own_emails_or_all_to_an_operator(trio: Any) -> No
     ]
     assert client(OperatorFactory()).get("/api/v1/notifications/outbox/").json()["count"] == 2
     assert client(UserFactory()).get("/api/v1/notifications/outbox/").json()["count"] == 0
+
+
+def test_the_list_reads_a_fixed_number_of_queries(trio: Any, django_assert_max_num_queries: Any) -> None:
+    proj, owner, _, _ = trio
+    _notify(proj, 1)
+    with django_assert_max_num_queries(6) as one:
+        client(owner).get("/api/v1/notifications/")
+    _notify(proj, 6)
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        client(owner).get("/api/v1/notifications/")

@@ -49,6 +49,8 @@ def test_the_operator_may_allow_private_addresses(settings) -> None:  # type: ig
         ("http://user:pw@93.184.215.14/x", "credentials"),
         ("http://93.184.215.14:99999/x", "port"),
         ("http://no-such-host.invalid/x", "does not resolve"),
+        ("http://[::1/x", "not a URL"),
+        ("http://" + "a" * 300 + "/x", "does not resolve"),
     ],
 )
 def test_malformed_urls_are_refused_with_a_reason(url: str, why: str) -> None:

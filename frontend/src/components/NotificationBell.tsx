@@ -39,18 +39,19 @@ export function NotificationBell() {
   const unread = count.data?.unread ?? 0;
   const label = unread ? `Notifications, ${unread} unread` : "Notifications";
   return (
+    // The Indicator wraps the popover, not its target: the target's own element gets the popover's ARIA
+    // attributes (aria-expanded), which a plain div may not carry.
+    <Indicator label={unread > 99 ? "99+" : unread} size={16} disabled={!unread} color="red" offset={4}>
     <Popover opened={opened} onChange={setOpened} position="bottom-end" width={360} shadow="md" withinPortal>
       <Popover.Target>
-        <Indicator label={unread > 99 ? "99+" : unread} size={16} disabled={!unread} color="red" offset={4}>
           <ActionIcon variant="default" size="lg" aria-label={label} data-testid="notification-bell"
-            onClick={() => setOpened((o) => !o)} aria-expanded={opened}>
+            onClick={() => setOpened((o) => !o)}>
             <svg width="18" height="18" viewBox="0 0 24 24" fill="none" stroke="currentColor" strokeWidth="2"
               strokeLinecap="round" strokeLinejoin="round" aria-hidden="true">
               <path d="M18 8a6 6 0 0 0-12 0c0 7-3 9-3 9h18s-3-2-3-9" />
               <path d="M13.7 21a2 2 0 0 1-3.4 0" />
             </svg>
           </ActionIcon>
-        </Indicator>
       </Popover.Target>
       <Popover.Dropdown>
         <Group justify="space-between" mb="xs">
@@ -79,5 +80,6 @@ export function NotificationBell() {
         </Anchor>
       </Popover.Dropdown>
     </Popover>
+    </Indicator>
   );
 }
