@@ -18,12 +18,15 @@ await run("notifications", async (page) => {
   await page.getByRole("heading", { level: 1, name: "Notifications" }).waitFor();
 
   step("a preference is saved and read back");
-  await page.getByLabel("Channel for Reservation booked").click();
+  // By test id: the Select's listbox carries the same accessible name as its input.
+  const booked = () => page.getByTestId("pref-reservation.booked");
+  await booked().click();
+  const saved = page.waitForResponse((r) => r.url().includes("/notifications/preferences/") && r.request().method() === "PUT");
   await page.getByRole("option", { name: "Email" }).click();
-  await page.waitForResponse((r) => r.url().includes("/notifications/preferences/") && r.request().method() === "PUT");
+  await saved;
   await page.reload();
-  await page.getByLabel("Channel for Reservation booked").waitFor();
-  expect((await page.getByLabel("Channel for Reservation booked").inputValue()) === "Email", "booked is emailed now");
+  await booked().waitFor();
+  expect((await booked().inputValue()) === "Email", "booked is emailed now");
   await axeCheck(page, "notifications");
   await shot(page, "14-notifications");
 
