@@ -63,6 +63,8 @@ INSTALLED_APPS = [
     "controlplane.scheduling",
     # Last: whole-system tools (runsystem, the demo data) that build on every app above.
     "controlplane.system",
+    # At the top of the layers: it subscribes to the others' domain events; no app imports it.
+    "controlplane.notifications",
 ]
 
 MIDDLEWARE = [
@@ -241,6 +243,8 @@ SPECTACULAR_SETTINGS = {
         "MountKindEnum": [("volume", "volume"), ("dataset", "dataset")],
         "GpuVendorEnum": "controlplane.inventory.choices.Vendor",
         "MigChangeEnum": "controlplane.inventory.choices.MigChange",
+        "NotificationChannelEnum": "controlplane.notifications.choices.Channel",
+        "NotificationEventTypeEnum": "controlplane.notifications.choices.EventType",
     },
 }
 
@@ -309,6 +313,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "access-charge-volume-storage": {"task": "controlplane.access.tasks.charge_volume_storage", "schedule": 60.0},
     # Scheduling: start what fits of the queue (also run whenever a reservation frees its GPUs, and on submit).
     "scheduling-schedule-pass": {"task": "controlplane.scheduling.tasks.schedule_pass", "schedule": 5.0},
+    # Notifications: fan out and send what a lost task left (first attempts and retries); "ends in N".
+    "notifications-reconcile": {"task": "controlplane.notifications.tasks.reconcile", "schedule": 5.0},
+    "notifications-ends-soon": {"task": "controlplane.notifications.tasks.ends_soon", "schedule": 30.0},
 }
 
 # --- Access ---------------------------------------------------------------------------------------------
@@ -338,6 +345,50 @@ SCHEDULING_FAIRSHARE_HALF_LIFE = env_float("SCHEDULING_FAIRSHARE_HALF_LIFE", 7.0
 # The most requests one pass tries to book (each try is a booking attempt, and a shadow-time search when the
 # GPUs are busy): a pass stays bounded however long the queue is; the rest wait for the next pass.
 SCHEDULING_PASS_MAX_TRIES = env_int("SCHEDULING_PASS_MAX_TRIES", 50, minimum=1)
+
+# --- Notifications (docs/notifications.md) -------------------------------------------------------------
+def _seconds_list(name: str, default: list[int]) -> list[int]:
+    raw = env_list(name, [str(v) for v in default])
+    try:
+        values = [int(v) for v in raw]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a comma-separated list of whole seconds, not {raw!r}") from exc
+    if any(v < 0 for v in values):
+        raise ImproperlyConfigured(f"{name} must hold seconds >= 0, not {values}")
+    return values
+
+
+# Where links in emails and webhook payloads point: the portal's address as its users reach it.
+NOTIFICATIONS_PORTAL_URL = env_str("NOTIFICATIONS_PORTAL_URL") or "http://127.0.0.1:8000"
+# "Ends in N" warnings, in seconds before the end (default 1 h and 10 min).
+NOTIFICATIONS_ENDS_IN_S = _seconds_list("NOTIFICATIONS_ENDS_IN_S", [3600, 600])
+# The wait after each failed webhook attempt: exponential, 23.7 h in all; after the last, the endpoint is disabled.
+NOTIFICATIONS_WEBHOOK_RETRY_S = _seconds_list(
+    "NOTIFICATIONS_WEBHOOK_RETRY_S", [5, 30, 120, 600, 1800, 3600, 7200, 14400, 28800, 28800]
+)
+NOTIFICATIONS_WEBHOOK_TIMEOUT_S = env_float("NOTIFICATIONS_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+# Server-side request forgery: webhook URLs that resolve to loopback, link-local, private or reserved addresses
+# are refused unless the operator allows them (a receiver on the operator's own network).
+NOTIFICATIONS_WEBHOOK_ALLOW_PRIVATE = env_bool("NOTIFICATIONS_WEBHOOK_ALLOW_PRIVATE", default=False)
+# After a secret rotation the old secret keeps signing (a second signature) this long.
+NOTIFICATIONS_SECRET_OVERLAP_S = env_int("NOTIFICATIONS_SECRET_OVERLAP_S", 24 * 3600, minimum=0)
+NOTIFICATIONS_EMAIL_RETRY_S = _seconds_list("NOTIFICATIONS_EMAIL_RETRY_S", [30, 120, 600, 1800, 3600])
+
+# Email: SMTP when EMAIL_HOST is set; otherwise each message is written under var/outbox/ (the demo, offline),
+# and the portal lists them (GET /api/v1/notifications/outbox/).
+EMAIL_HOST = env_str("EMAIL_HOST") or ""
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER") or ""
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD") or ""
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL") or "gpucp@localhost"
+EMAIL_BACKEND = env_str("EMAIL_BACKEND") or (
+    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.filebased.EmailBackend"
+)
+EMAIL_FILE_PATH = str(VAR_DIR / "outbox")
+NOTIFICATIONS_OUTBOX_VISIBLE = EMAIL_BACKEND == "django.core.mail.backends.filebased.EmailBackend"
 
 # --- Dispatch -------------------------------------------------------------------------------------------
 # A launch is sent this long before its window so the agent starts it on its own clock at the start.

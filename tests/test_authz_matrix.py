@@ -658,3 +658,54 @@ ROWS.extend(
         row("GET", "/api/v1/projects/{project_slug}/fair-share/", **MEMBERS_READ),
     ]
 )
+
+
+# notifications: your own list and preferences; a project's webhooks for its owners (and operators).
+def _webhook_refs(world: World) -> dict[str, object]:
+    from controlplane.notifications.services import endpoint_create
+
+    endpoint = endpoint_create(
+        project=world.project,
+        url="http://93.184.215.14/hook",
+        events=["reservation.failed"],
+        description="",
+        actor=world.users["owner"],
+    )
+    return {"webhook": endpoint.public_id}
+
+
+REF_BUILDERS.append(_webhook_refs)
+COVERED_URLCONFS.append("controlplane.notifications.api.urls")
+VISIBLE_TO["webhook"] = frozenset({"owner", "operator"})
+MISSING["webhook"] = "00000000-0000-4000-8000-000000000000"
+OWNERS_READ = dict(owner=200, teammate=403, viewer=403, outsider=404, operator=200)
+WEBHOOKS = "/api/v1/projects/{project}/webhooks/"
+WEBHOOK = WEBHOOKS + "{webhook}/"
+ROWS.extend(
+    [
+        row("GET", "/api/v1/notifications/", **ANY_USER),
+        row("GET", "/api/v1/notifications/unread-count/", **ANY_USER),
+        row("POST", "/api/v1/notifications/mark-read/", body={}, **ANY_USER),
+        row("GET", "/api/v1/notifications/preferences/", **ANY_USER),
+        row(
+            "PUT",
+            "/api/v1/notifications/preferences/",
+            body={"preferences": [{"event_type": "reservation.booked", "channel": "email"}]},
+            **ANY_USER,
+        ),
+        row("GET", "/api/v1/notifications/outbox/", **ANY_USER),
+        row("GET", WEBHOOKS, **OWNERS_READ),
+        row(
+            "POST",
+            WEBHOOKS,
+            body={"url": "http://93.184.215.14/other", "events": ["reservation.running"]},
+            **OWNERS_CREATE,
+        ),
+        row("GET", WEBHOOK, **OWNERS_READ),
+        row("PATCH", WEBHOOK, body={"description": "matrix"}, **OWNERS_WRITE),
+        row("DELETE", WEBHOOK, **OWNERS_DELETE),
+        row("GET", WEBHOOK + "deliveries/", **OWNERS_READ),
+        row("POST", WEBHOOK + "test/", **dict(OWNERS_WRITE, owner=202, operator=202)),
+        row("POST", WEBHOOK + "rotate-secret/", body={"overlap_s": 60}, **OWNERS_WRITE),
+    ]
+)

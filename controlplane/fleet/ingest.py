@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from controlplane.core import rows, tokens
+from controlplane.core import domain_events, rows, tokens
 from controlplane.core.errors import PermissionDenied, ValidationFailed
 from controlplane.fleet import desired, fencing, health
 from controlplane.fleet import mig as fleet_mig
@@ -376,6 +376,7 @@ def _ingest(
     )  # fmt: skip
     if events:
         ServerEvent.objects.bulk_create(events)
+        domain_events.publish("server", events)
 
     sessions = [event for event in heartbeat.events if event.kind == "session" and event.session is not None]
     if sessions:

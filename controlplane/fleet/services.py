@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from controlplane.core import tokens
+from controlplane.core import domain_events, tokens
 from controlplane.core.errors import Conflict, PermissionDenied, ValidationFailed
 from controlplane.fleet import desired, fencing, health
 from controlplane.fleet.ingest import heartbeat_ingest, heartbeat_ingest_with_credential
@@ -151,6 +151,8 @@ def agent_enroll(*, join_token: str, hostname: str, simulated: bool) -> tuple[Se
         ).save()
         server.refresh_from_db()
     JoinToken.objects.filter(pk=token.pk).update(server=server)
+    token.server = server
+    domain_events.publish("join_token_used", [token])
     return server, _issue_credential(server)
 
 
@@ -255,7 +257,7 @@ def _mark_offline(*, server: Server, now: datetime) -> bool:
     ):
         return False
     requeue_after = fencing.requeue_after_s(server.heartbeat_interval_s)
-    server_event(
+    event = server_event(
         server=server,
         kind=EventKind.STATE,
         actor=NODE_LOSS_ACTOR,
@@ -269,7 +271,9 @@ def _mark_offline(*, server: Server, now: datetime) -> bool:
             "last_heartbeat_at": last.isoformat(),
             "requeue_at": (last + timedelta(seconds=requeue_after)).isoformat(),
         },
-    ).save()
+    )
+    event.save()
+    domain_events.publish("server", [event])
     return True
 
 

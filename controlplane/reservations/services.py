@@ -21,7 +21,7 @@ from django.db.models import Prefetch, prefetch_related_objects
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
-from controlplane.core import rows
+from controlplane.core import domain_events, rows
 from controlplane.core.db import retry_on_transient
 from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
 from controlplane.inventory.choices import GpuHealth, ServerState
@@ -65,7 +65,7 @@ def _event(
     data: dict[str, Any] | None = None,
     at: datetime | None = None,
 ) -> ReservationEvent:
-    return ReservationEvent.objects.create(
+    event = ReservationEvent.objects.create(
         reservation=reservation,
         from_state=from_state,
         to_state=to_state,
@@ -75,6 +75,8 @@ def _event(
         data=data or {},
         at=at or timezone.now(),
     )
+    domain_events.publish("reservation", [event])
+    return event
 
 
 def _lock_gpus(gpu_ids: Iterable[int]) -> dict[int, Gpu]:
@@ -327,6 +329,7 @@ def reservation_create(
         ),
     ]
     rows.insert(events)
+    domain_events.publish("reservation", events)
     reservation.project = project
     if spec.gpu_model_id is not None:
         reservation.gpu_model = gpus[0].model  # placement only chose GPUs of this model

@@ -6,6 +6,7 @@ import { Navigate, Route, Routes, useLocation, useNavigate, Link } from "react-r
 
 import { api } from "./api/client";
 import { useMe } from "./api/hooks";
+import { NotificationBell } from "./components/NotificationBell";
 import { ErrorAlert } from "./components/QueryState";
 import { useShownZone, ZoneToggle } from "./components/ZoneToggle";
 import { DashboardPage } from "./pages/Dashboard";
@@ -23,6 +24,8 @@ const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ 
 const TokensPage = lazy(() => import("./pages/Tokens").then((m) => ({ default: m.TokensPage })));
 const SshKeysPage = lazy(() => import("./pages/SshKeys").then((m) => ({ default: m.SshKeysPage })));
 const UsagePage = lazy(() => import("./pages/Usage").then((m) => ({ default: m.UsagePage })));
+const NotificationsPage = lazy(() => import("./pages/Notifications").then((m) => ({ default: m.NotificationsPage })));
+const WebhooksPage = lazy(() => import("./pages/Webhooks").then((m) => ({ default: m.WebhooksPage })));
 const VolumesPage = lazy(() => import("./pages/Volumes").then((m) => ({ default: m.VolumesPage })));
 
 const TENANT_LINKS = [
@@ -33,6 +36,8 @@ const TENANT_LINKS = [
   { to: "/volumes", label: "Volumes" },
   { to: "/tokens", label: "API tokens" },
   { to: "/ssh-keys", label: "SSH keys" },
+  { to: "/notifications", label: "Notifications" },
+  { to: "/webhooks", label: "Webhooks" },
 ];
 const OPERATOR_LINKS = [
   { to: "/fleet", label: "Fleet health" },
@@ -83,6 +88,8 @@ export function App() {
         <Route path="/volumes" element={<VolumesPage />} />
         <Route path="/tokens" element={<TokensPage />} />
         <Route path="/ssh-keys" element={<SshKeysPage />} />
+        <Route path="/notifications" element={<NotificationsPage />} />
+        <Route path="/webhooks" element={<WebhooksPage />} />
         <Route path="/fleet" element={operator ? <FleetPage /> : <OperatorsOnly />} />
         <Route path="/join-tokens" element={operator ? <JoinTokensPage /> : <OperatorsOnly />} />
         <Route path="/accounting" element={operator ? <AccountingPage /> : <OperatorsOnly />} />
@@ -134,6 +141,7 @@ function Shell({ username, operator, children }: { username: string; operator: b
             </Link>
           </Group>
           <Group gap="xs" wrap="nowrap">
+            <NotificationBell />
             <ZoneToggle />
             <Text size="sm" visibleFrom="xs" data-testid="signed-in-as">
               {username}

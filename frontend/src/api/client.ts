@@ -171,6 +171,8 @@ const browserClient = createClient(
 export const api = {
   get: <T>(path: string, query?: Query, signal?: AbortSignal) => browserClient.request<T>(path, { query, signal }),
   post: <T>(path: string, body?: unknown) => browserClient.request<T>(path, { method: "POST", body: body ?? {} }),
+  put: <T>(path: string, body?: unknown) => browserClient.request<T>(path, { method: "PUT", body: body ?? {} }),
+  patch: <T>(path: string, body?: unknown) => browserClient.request<T>(path, { method: "PATCH", body: body ?? {} }),
   del: <T>(path: string) => browserClient.request<T>(path, { method: "DELETE" }),
   ensureCsrf: () => browserClient.ensureCsrf(),
 };

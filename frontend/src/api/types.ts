@@ -340,3 +340,68 @@ export interface SshKey {
   comment: string;
   created_at: string;
 }
+
+// Notifications (docs/notifications.md).
+export interface AppNotification {
+  id: number;
+  type: string;
+  title: string;
+  body: string;
+  unread: boolean;
+  read_at: string | null;
+  created_at: string;
+  occurred_at: string;
+  reservation: string | null;
+  project: string | null;
+  link: string;
+}
+
+export type NotificationChannel = "email" | "webhook" | "none";
+
+export interface NotificationPreference {
+  event_type: string;
+  description: string;
+  channel: NotificationChannel;
+  default_channel: NotificationChannel;
+}
+
+export interface WebhookEndpoint {
+  id: string;
+  url: string;
+  description: string;
+  events: string[];
+  enabled: boolean;
+  disabled_reason: string;
+  disabled_at: string | null;
+  secret: string;
+  previous_secret_expires_at: string | null;
+  created_at: string;
+}
+
+export interface WebhookDelivery {
+  id: number;
+  event_id: string;
+  type: string;
+  state: "pending" | "delivered" | "failed";
+  attempts: number;
+  last_status_code: number | null;
+  last_response: string;
+  last_error: string;
+  next_attempt_at: string | null;
+  created_at: string;
+  delivered_at: string | null;
+  history: { attempt: number; at: string; status_code: number | null; error: string; ms: number }[];
+}
+
+export interface OutboxEmail {
+  id: number;
+  to_address: string;
+  subject: string;
+  body_text: string;
+  body_html: string;
+  state: string;
+  attempts: number;
+  last_error: string;
+  created_at: string;
+  sent_at: string | null;
+}

@@ -1,0 +1,212 @@
+"""Sending webhooks: one endpoint's queue at a time, in the order of its events, with retries.
+
+A worker takes an endpoint's lease (a conditional update), then sends its oldest pending delivery, and the next,
+until one fails or is not due yet: a failing endpoint holds back its later events, so a receiver sees them in
+order. A failed attempt waits for the next step of NOTIFICATIONS_WEBHOOK_RETRY_S (exponential, about a day in
+all); once the last one fails, the delivery is failed, the endpoint disabled and its project's owners emailed.
+Nothing here runs inside a request: the tasks and the beat's reconciler call it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import urllib3
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.notifications import messages, signing, urlcheck
+from controlplane.notifications.choices import DeliveryState
+from controlplane.notifications.models import WebhookDelivery, WebhookEndpoint
+
+# Longer than one attempt can take (connect plus read timeout), renewed before each attempt.
+LEASE_S = 120
+EXCERPT_CHARS = 500
+USER_AGENT = "gpucp-webhooks/1"
+
+_pools = threading.local()
+
+
+def _pool(target: urlcheck.Target) -> urllib3.HTTPConnectionPool:
+    """A keep-alive pool per checked address, per thread. The connection goes to the address that passed the
+    check; the URL's host is only the Host header and the TLS name."""
+    cache: dict[tuple[str, str, int, str], urllib3.HTTPConnectionPool] = _pools.__dict__.setdefault("cache", {})
+    key = (target.scheme, target.address, target.port, target.host)
+    pool = cache.get(key)
+    if pool is None:
+        timeout = urllib3.Timeout(total=settings.NOTIFICATIONS_WEBHOOK_TIMEOUT_S)
+        if target.scheme == "https":
+            pool = urllib3.HTTPSConnectionPool(
+                target.address,
+                target.port,
+                timeout=timeout,
+                retries=False,
+                maxsize=1,
+                server_hostname=target.host,
+                assert_hostname=target.host,
+                cert_reqs="CERT_REQUIRED",
+            )
+        else:
+            pool = urllib3.HTTPConnectionPool(target.address, target.port, timeout=timeout, retries=False, maxsize=1)
+        cache[key] = pool
+    return pool
+
+
+def post(url: str, *, body: bytes, headers: dict[str, str]) -> tuple[int | None, str, str]:
+    """(status code or None, response excerpt, error) of one POST; never raises for the network's failures."""
+    try:
+        target = urlcheck.resolve(url)
+    except urlcheck.UrlRefused as exc:
+        return None, "", f"refused: {exc}"
+    default_port = 443 if target.scheme == "https" else 80
+    host_header = target.host if target.port == default_port else f"{target.host}:{target.port}"
+    if ":" in target.host and not target.host.startswith("["):
+        host_header = f"[{target.host}]" if target.port == default_port else f"[{target.host}]:{target.port}"
+    try:
+        response = _pool(target).urlopen(
+            "POST",
+            target.path,
+            body=body,
+            headers={**headers, "host": host_header, "user-agent": USER_AGENT},
+            redirect=False,
+            preload_content=False,
+        )
+        try:
+            excerpt = response.read(EXCERPT_CHARS * 4, decode_content=True)[: EXCERPT_CHARS * 4]
+        finally:
+            response.release_conn()
+        return response.status, excerpt.decode("utf-8", "replace")[:EXCERPT_CHARS], ""
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return None, "", f"{type(exc).__name__}: {exc}"[:EXCERPT_CHARS]
+
+
+def _claim(endpoint_id: int, now: datetime) -> datetime | None:
+    until = now + timedelta(seconds=LEASE_S)
+    won = (
+        WebhookEndpoint.objects.filter(pk=endpoint_id, enabled=True)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .update(lease_until=until)
+    )
+    return until if won == 1 else None
+
+
+def deliver_endpoint(*, endpoint_id: int, limit: int = 500, clock: Any = timezone.now) -> int:
+    """Send what is due of one endpoint's queue, in order; returns how many attempts it made. A second worker
+    on the same endpoint finds the lease taken and returns 0."""
+    lease = _claim(endpoint_id, clock())
+    if lease is None:
+        return 0
+    attempts = 0
+    try:
+        while attempts < limit:
+            # A batch per query: one statement per delivery (its outcome) is the cost of a busy queue.
+            batch = list(
+                WebhookDelivery.objects.filter(endpoint_id=endpoint_id, state=DeliveryState.PENDING)
+                .select_related("event", "endpoint__project")
+                .order_by("event_id")[: min(50, limit - attempts)]
+            )
+            if not batch:
+                return attempts
+            for delivery in batch:
+                now = clock()
+                if delivery.next_attempt_at is not None and delivery.next_attempt_at > now:
+                    return attempts
+                if not delivery.endpoint.enabled:
+                    return attempts
+                if (lease - now).total_seconds() < LEASE_S / 2:
+                    renewed = now + timedelta(seconds=LEASE_S)
+                    if (
+                        WebhookEndpoint.objects.filter(pk=endpoint_id, lease_until=lease).update(lease_until=renewed)
+                        != 1
+                    ):
+                        return attempts  # the lease ran out and another worker holds it now
+                    lease = renewed
+                attempts += 1
+                if not attempt(delivery, now=now, clock=clock):
+                    return attempts
+    finally:
+        WebhookEndpoint.objects.filter(pk=endpoint_id, lease_until=lease).update(lease_until=None)
+    return attempts
+
+
+def attempt(delivery: WebhookDelivery, *, now: datetime, clock: Any = timezone.now) -> bool:
+    """One attempt of one delivery, recorded; True when the receiver answered 2xx."""
+    from controlplane.notifications.services import signing_secrets
+
+    endpoint, event = delivery.endpoint, delivery.event
+    body = json.dumps(messages.webhook_body(event, event.payload), separators=(",", ":")).encode()
+    msg_id = f"msg_{event.public_id.hex}"
+    headers = signing.headers(signing_secrets(endpoint, now), msg_id=msg_id, timestamp=int(now.timestamp()), body=body)
+    started = time.perf_counter()
+    status, excerpt, error = post(endpoint.url, body=body, headers=headers)
+    elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
+    done = clock()
+    ok = status is not None and 200 <= status < 300
+    number = delivery.attempts + 1
+    entry = {"attempt": number, "at": done.isoformat(), "status_code": status, "error": error, "ms": elapsed_ms}
+    history = [*delivery.history, entry][-50:]
+    fields: dict[str, Any] = {
+        "attempts": number,
+        "last_status_code": status,
+        "last_response": excerpt,
+        "last_error": error or ("" if ok else f"HTTP {status}"),
+        "history": history,
+    }
+    schedule = settings.NOTIFICATIONS_WEBHOOK_RETRY_S
+    if ok:
+        fields.update(state=DeliveryState.DELIVERED, delivered_at=done, next_attempt_at=None)
+    elif number > len(schedule):
+        fields.update(state=DeliveryState.FAILED, next_attempt_at=None)
+    else:
+        fields["next_attempt_at"] = done + timedelta(seconds=schedule[number - 1])
+    if fields.get("state") != DeliveryState.FAILED:
+        WebhookDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.PENDING).update(**fields)
+        return ok
+    with transaction.atomic():  # the last attempt: the delivery fails and the endpoint is disabled together
+        WebhookDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.PENDING).update(**fields)
+        _disable(endpoint, delivery=delivery, error=fields["last_error"], now=done)
+    return ok
+
+
+def _disable(endpoint: WebhookEndpoint, *, delivery: WebhookDelivery, error: str, now: datetime) -> None:
+    from controlplane.notifications import services
+
+    reason = (
+        f"Every attempt of delivery {delivery.pk} ({delivery.event.type}) failed over the retry window "
+        f"({len(settings.NOTIFICATIONS_WEBHOOK_RETRY_S) + 1} attempts); the last: {error}"
+    )
+    if (
+        WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True).update(
+            enabled=False, disabled_reason=reason, disabled_at=now
+        )
+        != 1
+    ):
+        return
+    link = f"{settings.NOTIFICATIONS_PORTAL_URL.rstrip('/')}/projects/{endpoint.project.slug}/webhooks"
+    subject = f"Webhook disabled: {endpoint.url}"[:200]
+    text = f"The webhook endpoint {endpoint.url} of project {endpoint.project.slug} was disabled.\n\n{reason}"
+    emails = [
+        services._email(user=owner, event=None, subject=subject, text=text, link=link, now=now)
+        for owner in services.owners_of(endpoint.project_id)
+        if owner.email
+    ]
+    ids = [m.pk for m in emails]
+    transaction.on_commit(lambda: services._enqueue_sends(email_ids=ids, endpoint_ids=[]))
+
+
+def due_endpoints(now: datetime, limit: int = 100) -> list[int]:
+    """Enabled endpoints with a pending delivery due and no live lease: the reconciler's work."""
+    return list(
+        WebhookEndpoint.objects.filter(enabled=True)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .filter(deliveries__state=DeliveryState.PENDING, deliveries__next_attempt_at__lte=now)
+        .values_list("pk", flat=True)
+        .distinct()
+        .order_by("pk")[:limit]
+    )
