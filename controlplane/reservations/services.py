@@ -260,7 +260,7 @@ def reservation_create(
     gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window)
     hours = _hours(window.seconds)
     needed = credits(sum((gpu.model.billing_weight for gpu in gpus), Decimal(0)) * hours)
-    check_quota(
+    warnings = check_quota(
         project_id=project.pk,
         need=QuotaNeed(
             credits=needed,
@@ -268,6 +268,11 @@ def reservation_create(
             peak_concurrent_gpus=lambda: _peak_concurrent(
                 project_id=project.pk, window=window, extra=len(gpus), exclude_reservation_id=reservation.pk
             ),
+            # The budget and the member's GPU-hour cap (ledger/budgets.py).
+            member_id=getattr(_user(actor), "pk", None),
+            window=(window.starts_at, window.ends_at),
+            gpus=len(gpus),
+            booking_id=reservation.pk,
         ),
     )
     ledger_hold(
@@ -315,6 +320,7 @@ def reservation_create(
         "allocations": _loaded(reservation.allocations.all(), allocations),
         "events": _loaded(reservation.events.all(), events),
     }
+    reservation.warnings = warnings  # type: ignore[attr-defined]  # a budget that warns: shown in the response
     _dispatch_booked(reservation, now=now)
     return reservation
 
@@ -503,6 +509,11 @@ def _extension_plan(
             peak_concurrent_gpus=lambda: _peak_concurrent(
                 project_id=current.project_id, window=extra, extra=len(gpus), exclude_reservation_id=current.pk
             ),
+            # The budget and the booker's GPU-hour cap (ledger/budgets.py); a quote records no alert.
+            member_id=current.created_by_id,
+            window=(extra.starts_at, extra.ends_at),
+            gpus=len(gpus),
+            probe=not lock,
         ),
     )
     return allocations, gpus, extra_hours, needed
