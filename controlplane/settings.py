@@ -322,6 +322,8 @@ ACCOUNTING_ROLLUP_LAG_S = env_int("ACCOUNTING_ROLLUP_LAG_S", 120, minimum=0)
 ACCOUNTING_IDLE_UTIL_PERCENT = env_float("ACCOUNTING_IDLE_UTIL_PERCENT", 5.0, minimum=0.0)
 # A report flags a mean utilization under this (percent).
 ACCOUNTING_LOW_UTIL_PERCENT = env_float("ACCOUNTING_LOW_UTIL_PERCENT", 70.0, minimum=0.0)
+# The currency of the sites' electricity prices (Site.electricity_price_per_kwh), for energy cost.
+ENERGY_CURRENCY = env_str("ENERGY_CURRENCY", "USD") or "USD"
 
 # --- Dispatch -------------------------------------------------------------------------------------------
 # A launch is sent this long before its window so the agent starts it on its own clock at the start.

@@ -414,6 +414,11 @@ ROWS.extend(
             **OPERATORS_CREATE,
         ),
         row("GET", "/api/v1/ledger/budgets/{project_slug}/", **MEMBERS_READ),
+        # The efficiency statement (accounting) and the operators' ranking.
+        row("GET", "/api/v1/usage/efficiency?project={project_slug}&month=2025-03", **MEMBERS_READ),
+        row("GET", "/api/v1/usage/efficiency.csv?project={project_slug}", **MEMBERS_READ),
+        row("GET", "/api/v1/usage/efficiency-ranking?month=2025-03", **dict(OPERATORS_WRITE)),
+        row("GET", "/api/v1/usage/efficiency-ranking.csv", **dict(OPERATORS_WRITE)),
         row("GET", "/api/v1/ledger/budget-alerts/", **ANY_USER),
         row("GET", "/api/v1/ledger/member-caps/", **ANY_USER),
         row(

@@ -7,12 +7,13 @@ from rest_framework import serializers
 
 from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Rack, Server, ServerEvent, Site
+from controlplane.inventory.selectors import server_power
 
 
 class SiteSerializer(serializers.ModelSerializer):
     class Meta:
         model = Site
-        fields = ["id", "name", "location"]
+        fields = ["id", "name", "location", "pue", "electricity_price_per_kwh"]
 
 
 class RackSerializer(serializers.ModelSerializer):
@@ -24,7 +25,16 @@ class RackSerializer(serializers.ModelSerializer):
 class GpuModelSerializer(serializers.ModelSerializer):
     class Meta:
         model = GpuModel
-        fields = ["id", "name", "product_name", "memory_mib", "price_per_gpu_hour", "currency", "billing_weight"]
+        fields = [
+            "id",
+            "name",
+            "product_name",
+            "memory_mib",
+            "price_per_gpu_hour",
+            "currency",
+            "billing_weight",
+            "tdp_watts",
+        ]
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -121,6 +131,15 @@ class DrainPreviewSerializer(serializers.Serializer):
     )
 
 
+class ServerPowerSerializer(serializers.Serializer):
+    drawn_w = serializers.FloatField(allow_null=True, help_text="Sum of the fresh power readings; null: none.")
+    rated_w = serializers.IntegerField(
+        allow_null=True, help_text="rated_power_w, else the sum of the GPUs' TDPs; null: unknown."
+    )
+    share = serializers.FloatField(allow_null=True, help_text="drawn_w / rated_w.")
+    gpus_reporting = serializers.IntegerField()
+
+
 class ServerSerializer(serializers.ModelSerializer):
     site = serializers.SerializerMethodField()
     rack: serializers.SlugRelatedField = serializers.SlugRelatedField(
@@ -140,6 +159,9 @@ class ServerSerializer(serializers.ModelSerializer):
 class OperatorServerSerializer(ServerSerializer):
     gpus = OperatorServerGpuSerializer(many=True, read_only=True)  # type: ignore[assignment]
     credential = serializers.SerializerMethodField()
+    power = serializers.SerializerMethodField(
+        help_text="Power drawn now (the GPUs' latest readings, fresh ones only) against the server's rated power."
+    )
     # "" while the server is not offline.
     state_before_offline = serializers.ChoiceField(choices=ServerState.choices, allow_blank=True, read_only=True)
 
@@ -154,8 +176,14 @@ class OperatorServerSerializer(ServerSerializer):
             "last_heartbeat_seq",
             "created_at",
             "credential",
+            "rated_power_w",
+            "power",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(ServerPowerSerializer)
+    def get_power(self, obj: Server) -> dict[str, object]:
+        return server_power(obj, list(obj.gpus.all()))
 
     @extend_schema_field(
         {
