@@ -155,6 +155,14 @@ await run("portal", async (page) => {
   await shot(page, "07-usage");
   await axeCheck(page, "usage");
 
+  step("the efficiency statement: this month beside the previous one and the fleet");
+  await page.getByRole("link", { name: "Efficiency" }).click();
+  await page.getByRole("heading", { level: 1, name: "Efficiency" }).waitFor();
+  await page.getByTestId("efficiency-totals").waitFor();
+  await page.getByRole("table", { name: "Comparison" }).waitFor();
+  await shot(page, "07b-efficiency");
+  await axeCheck(page, "efficiency");
+
   step("API tokens: create (shown once) and revoke");
   await page.getByRole("link", { name: "API tokens" }).click();
   await page.getByLabel("Name").fill("e2e script");
@@ -237,4 +245,10 @@ await run("portal", async (page) => {
   await page.getByText("Join token created").waitFor();
   await shot(page, "12-join-tokens");
   await axeCheck(page, "join-tokens");
+
+  step("the operator sees every project ranked by waste");
+  await page.getByRole("link", { name: "Efficiency" }).click();
+  await page.getByRole("heading", { name: /All projects, ranked by waste/ }).waitFor();
+  await page.getByTestId("efficiency-totals").waitFor();
+  await axeCheck(page, "efficiency-operator");
 });
