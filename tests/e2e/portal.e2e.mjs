@@ -101,6 +101,8 @@ await run("portal", async (page) => {
     Object.fromEntries(charts.map((c) => [c.getAttribute("data-testid"), Number(c.getAttribute("data-points"))])),
   );
   expect(points["telemetry-chart-util"] > 0, `the utilization chart has points: ${JSON.stringify(points)}`);
+  // DCGM's profiling fields: the simulated GPUs report them, so the SM activity chart has points too.
+  expect(points["telemetry-chart-sm"] > 0, `the SM activity chart has points: ${JSON.stringify(points)}`);
   // The demo fleet is simulated, and the page says so beside the figures.
   await page.getByTestId("telemetry-simulated").waitFor();
   await shot(page, "05-reservation-running");
