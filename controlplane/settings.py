@@ -338,6 +338,8 @@ ACCOUNTING_ROLLUP_LAG_S = env_int("ACCOUNTING_ROLLUP_LAG_S", 120, minimum=0)
 ACCOUNTING_IDLE_UTIL_PERCENT = env_float("ACCOUNTING_IDLE_UTIL_PERCENT", 5.0, minimum=0.0)
 # A report flags a mean utilization under this (percent).
 ACCOUNTING_LOW_UTIL_PERCENT = env_float("ACCOUNTING_LOW_UTIL_PERCENT", 70.0, minimum=0.0)
+# The currency of the sites' electricity prices (Site.electricity_price_per_kwh), for energy cost.
+ENERGY_CURRENCY = env_str("ENERGY_CURRENCY", "USD") or "USD"
 
 # --- Scheduling (docs/scheduling.md) -------------------------------------------------------------------
 # Fair share: the half-life, in days, of the usage that orders projects within a class.
@@ -345,6 +347,7 @@ SCHEDULING_FAIRSHARE_HALF_LIFE = env_float("SCHEDULING_FAIRSHARE_HALF_LIFE", 7.0
 # The most requests one pass tries to book (each try is a booking attempt, and a shadow-time search when the
 # GPUs are busy): a pass stays bounded however long the queue is; the rest wait for the next pass.
 SCHEDULING_PASS_MAX_TRIES = env_int("SCHEDULING_PASS_MAX_TRIES", 50, minimum=1)
+
 
 # --- Notifications (docs/notifications.md) -------------------------------------------------------------
 def _seconds_list(name: str, default: list[int]) -> list[int]:

@@ -44,6 +44,13 @@ ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 ROW_REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"  # last XID seen
 CLOCK_THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # bitmask (NVML clocks event reasons)
+# DCGM's profiling fields, ratios 0.0 to 1.0 over the last sampling interval: evidence of real work, which a
+# busy loop can fake in GPU_UTIL (any kernel resident counts as 100 %) but not here. NVML itself has none of
+# them; the NVML backend reads them through NVML's GPM API (Hopper and newer), else they are null.
+PROF_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"  # share of SMs with work
+PROF_PIPE_TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"  # share of cycles the tensor pipes were busy
+PROF_DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"  # share of peak DRAM bandwidth used
+PROFILING_FIELDS = (PROF_SM_ACTIVE, PROF_PIPE_TENSOR_ACTIVE, PROF_DRAM_ACTIVE)
 
 SAMPLE_FIELDS = (
     GPU_UTIL,
@@ -63,6 +70,7 @@ SAMPLE_FIELDS = (
     ROW_REMAP_PENDING,
     XID_ERRORS,
     CLOCK_THROTTLE_REASONS,
+    *PROFILING_FIELDS,
 )
 
 MAX_GPUS = 64
@@ -185,6 +193,23 @@ class GpuSample(Strict):
     # its average and maximum. A reading that is not a number is null.
     fields: dict[str, Finite | None] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _ratios_in_range(self) -> GpuSample:
+        for name in PROFILING_FIELDS:
+            _check_ratio(name, [self.fields.get(name)], series=False)
+        return self
+
+
+def _check_ratio(name: str, values: Iterable[float | None], *, series: bool) -> None:
+    """A profiling field is a ratio: 0.0 to 1.0, or null."""
+    for i, value in enumerate(values):
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise PydanticCustomError(
+                "ratio_range",
+                "{field} is a ratio from 0.0 to 1.0, not {value}",
+                {"field": name, "value": value, "index": i, "series": series},
+            )
+
 
 # Seconds since the Unix epoch (UTC), up to the end of year 9999 so that every value is a datetime.
 EpochSeconds = Annotated[float, Field(ge=0, le=253402300799.0, allow_inf_nan=False)]
@@ -212,6 +237,9 @@ class GpuSeries(Strict):
                     "{field} has {count} values but ts has {expected}; every field needs one value per timestamp",
                     {"field": name, "count": len(values), "expected": n},
                 )
+        for name in PROFILING_FIELDS:
+            if name in self.fields:
+                _check_ratio(name, self.fields[name], series=True)
         return self
 
 
@@ -397,6 +425,8 @@ def error_fields(exc: ValidationError) -> dict[str, list[str]]:
         ctx = err.get("ctx") or {}
         if kind == "series_length":
             loc += ["fields", ctx["field"]]
+        elif kind == "ratio_range":
+            loc += ["fields", ctx["field"], *([ctx["index"]] if ctx.get("series") else [])]
         elif kind == "too_many_samples":
             loc.append("samples")
         path = ".".join(str(part) for part in loc) or "body"

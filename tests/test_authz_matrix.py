@@ -413,6 +413,23 @@ ROWS.extend(
             body_targets=frozenset({"project_slug"}),
             **OPERATORS_CREATE,
         ),
+        row("GET", "/api/v1/ledger/budgets/{project_slug}/", **MEMBERS_READ),
+        # The efficiency statement (accounting) and the operators' ranking.
+        row("GET", "/api/v1/usage/efficiency?project={project_slug}&month=2025-03", **MEMBERS_READ),
+        row("GET", "/api/v1/usage/efficiency.csv?project={project_slug}", **MEMBERS_READ),
+        row("GET", "/api/v1/usage/efficiency-ranking?month=2025-03", **dict(OPERATORS_WRITE)),
+        row("GET", "/api/v1/usage/efficiency-ranking.csv", **dict(OPERATORS_WRITE)),
+        row("GET", "/api/v1/ledger/budget-alerts/", **ANY_USER),
+        row("GET", "/api/v1/ledger/member-caps/", **ANY_USER),
+        row(
+            "POST",
+            "/api/v1/ledger/member-caps/",
+            body={"project": "atlas", "user": "tom", "gpu_hours_per_period": "10"},
+            missing_body={"project": "no-such-project", "user": "tom", "gpu_hours_per_period": "10"},
+            body_targets=frozenset({"project_slug"}),
+            keep=("project",),
+            **OWNERS_WRITE,
+        ),
         row(
             "POST",
             "/api/v1/ledger/refunds/",

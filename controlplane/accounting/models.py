@@ -127,6 +127,10 @@ class GpuUsageHour(models.Model):
     energy_from_counter = models.BooleanField(default=False)
     held_s = models.FloatField(default=0.0)
     idle_s = models.FloatField(default=0.0)
+    # Means of DCGM's profiling fields (ratios) over the minutes that had them; null on a GPU without GPM.
+    sm_active_mean = models.FloatField(null=True, blank=True)
+    tensor_active_mean = models.FloatField(null=True, blank=True)
+    dram_active_mean = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["hour", "gpu_id"]

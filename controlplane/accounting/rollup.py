@@ -13,7 +13,7 @@ and a counter reset - a negative difference - falls back); else the mean power t
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -44,6 +44,10 @@ class _Held:
     end: datetime
 
 
+# The minute rows' profiling columns (fleet.GpuTelemetryMinute), by prefix.
+_PROF = ("sm_active", "tensor_active", "dram_active")
+
+
 @dataclass
 class _Acc:
     held_s: float = 0.0
@@ -58,6 +62,8 @@ class _Acc:
     energy_j: float = 0.0
     from_counter: bool = False
     held: _Held | None = None
+    # DCGM profiling fields: (minutes with a reading, sum of their means), by minute-row prefix.
+    prof: dict[str, list[float]] = field(default_factory=lambda: {p: [0, 0.0] for p in _PROF})
 
 
 def _max(a: float | None, b: float | None) -> float | None:
@@ -145,6 +151,11 @@ def rollup_hour(*, hour: datetime, upto: datetime) -> int:
         if row.power_avg_w is not None:
             acc.power_minutes += 1
             acc.power_sum += row.power_avg_w
+        for prefix in _PROF:
+            mean = getattr(row, f"{prefix}_avg")
+            if mean is not None:
+                acc.prof[prefix][0] += 1
+                acc.prof[prefix][1] += mean
         joules, counter = _minute_energy_j(row, prev)
         acc.energy_j += joules
         acc.from_counter = acc.from_counter or counter
@@ -171,6 +182,7 @@ def rollup_hour(*, hour: datetime, upto: datetime) -> int:
                 energy_from_counter=acc.from_counter,
                 held_s=acc.held_s,
                 idle_s=acc.idle_s,
+                **{f"{p}_mean": acc.prof[p][1] / acc.prof[p][0] if acc.prof[p][0] else None for p in _PROF},
             )
         )
     GpuUsageHour.objects.filter(hour=hour).delete()

@@ -94,6 +94,13 @@ class GpuTelemetryMinute(models.Model):
     # The driver's energy counter (mJ since driver load) at the first and last sample of the minute.
     energy_first_mj = models.FloatField(null=True, blank=True)
     energy_last_mj = models.FloatField(null=True, blank=True)
+    # DCGM's profiling fields (ratios), each counted on its own: a GPU without GPM reports none of them.
+    sm_active_samples = models.PositiveIntegerField(default=0)
+    sm_active_sum = models.FloatField(default=0.0)
+    tensor_active_samples = models.PositiveIntegerField(default=0)
+    tensor_active_sum = models.FloatField(default=0.0)
+    dram_active_samples = models.PositiveIntegerField(default=0)
+    dram_active_sum = models.FloatField(default=0.0)
 
     class Meta:
         ordering = ["gpu_id", "minute"]
@@ -110,3 +117,15 @@ class GpuTelemetryMinute(models.Model):
     @property
     def power_avg_w(self) -> float | None:
         return self.power_sum_w / self.power_samples if self.power_samples else None
+
+    @property
+    def sm_active_avg(self) -> float | None:
+        return self.sm_active_sum / self.sm_active_samples if self.sm_active_samples else None
+
+    @property
+    def tensor_active_avg(self) -> float | None:
+        return self.tensor_active_sum / self.tensor_active_samples if self.tensor_active_samples else None
+
+    @property
+    def dram_active_avg(self) -> float | None:
+        return self.dram_active_sum / self.dram_active_samples if self.dram_active_samples else None

@@ -37,6 +37,17 @@ class MinuteFold:
     temp_max_c: float | None = None
     energy_first_mj: float | None = None
     energy_last_mj: float | None = None
+    sm_active_samples: int = 0
+    sm_active_sum: float = 0.0
+    tensor_active_samples: int = 0
+    tensor_active_sum: float = 0.0
+    dram_active_samples: int = 0
+    dram_active_sum: float = 0.0
+
+    def _profiling(self, name: str, values: list[float]) -> None:
+        prefix = _PROFILING[name]
+        setattr(self, f"{prefix}_samples", getattr(self, f"{prefix}_samples") + len(values))
+        setattr(self, f"{prefix}_sum", getattr(self, f"{prefix}_sum") + sum(values))
 
     def add_columns(self, fields: Mapping[str, Sequence[float | None]], start: int, stop: int) -> None:
         """Fold readings ``start:stop`` of a GPU's columns at once: one pass over a slice of each field's list,
@@ -62,6 +73,9 @@ class MinuteFold:
             if self.energy_first_mj is None:
                 self.energy_first_mj = energies[0]
             self.energy_last_mj = energies[-1]
+        for name in schema.PROFILING_FIELDS:
+            if name in fields and (values := readings(name)):
+                self._profiling(name, values)
 
     def add(self, fields: dict[str, float | None]) -> None:
         self.samples += 1
@@ -85,6 +99,26 @@ class MinuteFold:
             if self.energy_first_mj is None:
                 self.energy_first_mj = energy
             self.energy_last_mj = energy
+        for name in schema.PROFILING_FIELDS:
+            value = fields.get(name)
+            if value is not None:
+                self._profiling(name, [value])
+
+
+# DCGM profiling field -> the prefix of its minute columns.
+_PROFILING = {
+    schema.PROF_SM_ACTIVE: "sm_active",
+    schema.PROF_PIPE_TENSOR_ACTIVE: "tensor_active",
+    schema.PROF_DRAM_ACTIVE: "dram_active",
+}
+_SUMMED = (
+    "samples",
+    "util_samples",
+    "util_sum",
+    "power_samples",
+    "power_sum_w",
+    *(f"{prefix}_{part}" for prefix in _PROFILING.values() for part in ("samples", "sum")),
+)
 
 
 def _greatest(current: float | None, new: float) -> float:
@@ -110,6 +144,7 @@ _COLUMNS = (
     "temp_max_c",
     "energy_first_mj",
     "energy_last_mj",
+    *(f"{prefix}_{part}" for prefix in _PROFILING.values() for part in ("samples", "sum")),
 )
 
 
@@ -139,10 +174,7 @@ def _upsert_sql(rows: int, vendor: str) -> str:
     table = connection.ops.quote_name(GpuTelemetryMinute._meta.db_table)
     updates = ", ".join(
         [
-            *(
-                f"{c} = {table}.{c} + excluded.{c}"
-                for c in ("samples", "util_samples", "util_sum", "power_samples", "power_sum_w")
-            ),
+            *(f"{c} = {table}.{c} + excluded.{c}" for c in _SUMMED),
             *(_greater(c, table) for c in ("util_max", "fb_used_max_mib", "temp_max_c")),
             f"energy_first_mj = COALESCE({table}.energy_first_mj, excluded.energy_first_mj)",
             f"energy_last_mj = COALESCE(excluded.energy_last_mj, {table}.energy_last_mj)",
@@ -182,6 +214,12 @@ def minutes_statement(folds: dict[tuple[int, datetime], MinuteFold]) -> Statemen
                 f.temp_max_c,
                 f.energy_first_mj,
                 f.energy_last_mj,
+                f.sm_active_samples,
+                f.sm_active_sum,
+                f.tensor_active_samples,
+                f.tensor_active_sum,
+                f.dram_active_samples,
+                f.dram_active_sum,
             )
         )
     if connection.vendor == "postgresql":

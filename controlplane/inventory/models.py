@@ -3,16 +3,50 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from controlplane.inventory.choices import EventKind, GpuHealth, MigChange, ServerState, Vendor
 
+# A site's power usage effectiveness when none is given: a typical air-cooled data centre (liquid cooling is
+# nearer 1.1 to 1.2). Facility energy is GPU energy x PUE (docs/efficiency.md).
+DEFAULT_PUE = Decimal("1.50")
+# Thermal design power of common GPU models by NVML product name fragment, for a catalog entry that does not
+# give ``tdp_watts``: the most a GPU of that model draws by design (SXM variants where a model has two).
+KNOWN_TDP_WATTS = (
+    ("H200", 700),
+    ("H100 PCIe", 350),
+    ("H100", 700),
+    ("A100-PCIE", 250),
+    ("A100 PCIe", 250),
+    ("A100", 400),
+    ("L40S", 350),
+    ("L40", 300),
+    ("L4", 72),
+    ("A10", 150),
+    ("V100", 300),
+    ("T4", 70),
+)
+
 
 class Site(models.Model):
     name = models.CharField(max_length=100, unique=True)
     location = models.CharField(max_length=200, blank=True)
+    pue = models.DecimalField(
+        max_digits=4,
+        decimal_places=2,
+        default=DEFAULT_PUE,
+        validators=[MinValueValidator(Decimal("1.00")), MaxValueValidator(Decimal("5.00"))],
+        help_text="Power usage effectiveness: facility energy / IT energy (1.2 liquid cooled, 1.6 air).",
+    )
+    electricity_price_per_kwh = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="What a kWh of facility energy costs, in ENERGY_CURRENCY.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -52,12 +86,29 @@ class GpuModel(models.Model):
         validators=[MinValueValidator(Decimal("0"))],
         help_text="Credits charged per GPU-hour.",
     )
+    tdp_watts = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Thermal design power; null: from the known models' table, if listed."
+    )
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def rated_watts(self) -> int | None:
+        """``tdp_watts``, else the known table's figure for this product, else None (unknown)."""
+        if self.tdp_watts is not None:
+            return self.tdp_watts
+        return known_tdp_watts(self.product_name or self.name)
+
+
+def known_tdp_watts(product_name: str) -> int | None:
+    for fragment, watts in KNOWN_TDP_WATTS:
+        if fragment.lower() in product_name.lower():
+            return watts
+    return None
 
 
 class Server(models.Model):
@@ -75,6 +126,9 @@ class Server(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_seq = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
+    rated_power_w = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The most the server's GPUs draw by design; null: the sum of their TDPs."
+    )
 
     class Meta:
         ordering = ["hostname"]

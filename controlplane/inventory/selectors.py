@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
@@ -16,3 +19,33 @@ def placeable_gpus() -> QuerySet[Gpu]:
 def servers_visible_to_tenants() -> QuerySet[Server]:
     """Tenants see the live fleet (for availability), not servers that left it."""
     return Server.objects.exclude(state=ServerState.RETIRED)
+
+
+# A power reading older than this is not "drawn now": the agent reports every few seconds.
+POWER_FRESH_S = 60.0
+
+
+def server_power(server: Server, gpus: list[Gpu], *, now: datetime | None = None) -> dict[str, object]:
+    """The power a server draws now (its present GPUs' fresh ``DCGM_FI_DEV_POWER_USAGE`` readings) against its
+    rated power: ``rated_power_w`` when the operator gave it, else the sum of its GPUs' TDPs (None when one
+    of them is unknown: a partial sum would understate it). ``gpus`` as loaded with their models; no query."""
+    now = now or timezone.now()
+    present = [g for g in gpus if g.present]
+    fresh = [
+        float(g.telemetry["DCGM_FI_DEV_POWER_USAGE"])
+        for g in present
+        if g.telemetry_at is not None
+        and (now - g.telemetry_at).total_seconds() <= POWER_FRESH_S
+        and isinstance(g.telemetry.get("DCGM_FI_DEV_POWER_USAGE"), int | float)
+    ]
+    rated: int | None = server.rated_power_w
+    if rated is None and present:
+        watts = [g.model.rated_watts for g in present]
+        rated = None if any(w is None for w in watts) else sum(w for w in watts if w is not None)
+    drawn = round(sum(fresh), 1) if fresh else None
+    return {
+        "drawn_w": drawn,
+        "rated_w": rated,
+        "share": round(drawn / rated, 4) if drawn is not None and rated else None,
+        "gpus_reporting": len(fresh),
+    }

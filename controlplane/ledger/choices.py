@@ -12,3 +12,14 @@ class EntryKind(models.TextChoices):
 
 class Period(models.TextChoices):
     MONTH = "month", "Month"
+
+
+class BudgetAction(models.TextChoices):
+    """What a booking that would take the period's spending past the budget gets."""
+
+    REFUSE = "refuse", "Refuse"  # 409 budget_exceeded, nothing written
+    WARN = "warn", "Warn"  # booked, with a warning in the response
+
+
+# The shares of a budget at which an alert is recorded, once per project, period and threshold.
+BUDGET_THRESHOLDS = (80, 95, 100)

@@ -2,7 +2,7 @@ import django_filters
 
 from controlplane.core.api.filters import AwareIsoDateTimeFilter
 from controlplane.ledger.choices import EntryKind
-from controlplane.ledger.models import LedgerEntry
+from controlplane.ledger.models import BudgetAlert, LedgerEntry, MemberCap
 
 
 class LedgerEntryFilter(django_filters.FilterSet):
@@ -15,3 +15,20 @@ class LedgerEntryFilter(django_filters.FilterSet):
     class Meta:
         model = LedgerEntry
         fields = ["project", "kind", "reservation", "created_after", "created_before"]
+
+
+class BudgetAlertFilter(django_filters.FilterSet):
+    project = django_filters.CharFilter(field_name="project__slug", help_text="Project slug.")
+    period_key = django_filters.CharFilter(help_text="The UTC month, e.g. 2026-11.")
+
+    class Meta:
+        model = BudgetAlert
+        fields = ["project", "period_key"]
+
+
+class MemberCapFilter(django_filters.FilterSet):
+    project = django_filters.CharFilter(field_name="project__slug", help_text="Project slug.")
+
+    class Meta:
+        model = MemberCap
+        fields = ["project"]

@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.accounts.models import Project
-from controlplane.ledger.choices import EntryKind, Period
+from controlplane.ledger.choices import BudgetAction, EntryKind, Period
 
 CREDIT_PLACES = Decimal("0.0001")
 # The ledger's range: no total it shows may pass this, in either direction (each kind's total, the balance,
@@ -40,6 +40,16 @@ class QuotaPolicy(models.Model):
     max_reservation_hours = models.DecimalField(
         max_digits=10, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(Decimal("0.01"))]
     )
+    # The spending cap of a period (docs/ledger.md, "Budgets"): null, none. It lives on the policy, not in a
+    # model of its own, because it is one more cap of the same period, read by the booking's one quota query.
+    budget_credits = models.DecimalField(
+        max_digits=16,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.0001")), MaxValueValidator(CREDIT_LIMIT)],
+    )
+    budget_action = models.CharField(max_length=16, choices=BudgetAction.choices, default=BudgetAction.REFUSE)
     updated_at = models.DateTimeField(default=timezone.now)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
@@ -115,3 +125,48 @@ class LedgerEntry(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AppendOnlyError("Ledger entries cannot be deleted; append an adjustment instead.")
+
+
+class MemberCap(models.Model):
+    """The most GPU-hours one member may book in a project in a period (the policy's period, a UTC month)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="member_caps")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    gpu_hours_per_period = models.DecimalField(
+        max_digits=12, decimal_places=2, validators=[MinValueValidator(Decimal("0"))]
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "user"], name="ledger_one_cap_per_member")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project}: {self.gpu_hours_per_period} GPU-h"
+
+
+class BudgetAlert(models.Model):
+    """A project's spending in a period reached a share of its budget: recorded once per threshold and period.
+
+    The unique constraint, and the project's lock under which every crossing is found, make it exactly once
+    even when two bookings cross the line at the same moment."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="budget_alerts")
+    period_key = models.CharField(max_length=16)
+    threshold = models.PositiveSmallIntegerField()  # percent: 80, 95 or 100
+    spent = models.DecimalField(max_digits=16, decimal_places=4)
+    budget = models.DecimalField(max_digits=16, decimal_places=4)
+    reservation = models.ForeignKey(
+        "reservations.Reservation", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "period_key", "threshold"], name="ledger_one_alert_per_threshold"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project} {self.period_key} {self.threshold}%"

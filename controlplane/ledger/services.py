@@ -12,11 +12,12 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from controlplane.accounts.models import Project
+from controlplane.accounts.models import Membership, Project
 from controlplane.core import rows
 from controlplane.core.errors import Conflict, DomainError, QuotaExceeded, ValidationFailed
+from controlplane.ledger import budgets
 from controlplane.ledger.choices import EntryKind
-from controlplane.ledger.models import CREDIT_LIMIT, CREDIT_PLACES, LedgerEntry, QuotaPolicy
+from controlplane.ledger.models import CREDIT_LIMIT, CREDIT_PLACES, LedgerEntry, MemberCap, QuotaPolicy
 from controlplane.ledger.selectors import (
     ZERO,
     LedgerTotals,
@@ -281,18 +282,22 @@ def quota_policy_set(
     credits_per_period: Decimal | None = None,
     max_concurrent_gpus: int | None = None,
     max_reservation_hours: Decimal | None = None,
+    budget_credits: Decimal | None = None,
+    budget_action: str | None = None,
     fields: set[str] | None = None,
 ) -> QuotaPolicy:
-    """Create or change a project's policy. ``fields`` names what to change (all three when None)."""
+    """Create or change a project's policy. ``fields`` names what to change (all of them when None)."""
     lock_project(project_id=project.pk)
     policy, _ = QuotaPolicy.objects.get_or_create(project=project)
     values = {
         "credits_per_period": credits_per_period,
         "max_concurrent_gpus": max_concurrent_gpus,
         "max_reservation_hours": max_reservation_hours,
+        "budget_credits": budget_credits,
+        "budget_action": budget_action,
     }
     for name in fields if fields is not None else set(values):
-        if name == "credits_per_period" and values[name] is None:
+        if name in ("credits_per_period", "budget_action") and values[name] is None:
             continue
         setattr(policy, name, values[name])
     policy.updated_at = timezone.now()
@@ -300,6 +305,29 @@ def quota_policy_set(
     policy.full_clean()
     policy.save()
     return policy
+
+
+@transaction.atomic
+def member_cap_set(
+    *, project: Project, user: Any, gpu_hours_per_period: Decimal | None, actor: Any
+) -> MemberCap | None:
+    """Set (or, with None, remove) the GPU-hours a member may book in the project per period. The user must
+    be a member: a cap on an outsider would be a cap on nobody."""
+    if not Membership.objects.filter(project=project, user=user).exists():
+        raise ValidationFailed(
+            f"user: {user.get_username()} is not a member of {project.slug}.",
+            fields={"user": [f"{user.get_username()} is not a member of {project.slug}."]},
+        )
+    lock_project(project_id=project.pk)
+    if gpu_hours_per_period is None:
+        MemberCap.objects.filter(project=project, user=user).delete()
+        return None
+    cap, _ = MemberCap.objects.update_or_create(
+        project=project,
+        user=user,
+        defaults={"gpu_hours_per_period": gpu_hours_per_period, "updated_at": timezone.now()},
+    )
+    return cap
 
 
 # A booking's hold moves only the holds' total (credit_room), so only that one is read beside the balance.
@@ -311,6 +339,7 @@ def _quota_state_sql() -> tuple[str, list[str]]:
     sql = (
         f"SELECT (SELECT max_concurrent_gpus FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "  # noqa: S608 - names from metadata
         f"(SELECT max_reservation_hours FROM {QuotaPolicy._meta.db_table} WHERE project_id = %s), "
+        f"{budgets.caps_sql()}, "
         f"{columns} FROM {LedgerEntry._meta.db_table} WHERE project_id = %s"
     )
     return sql, params
@@ -325,21 +354,39 @@ class QuotaNeed:
     # called when the project has a concurrency cap: counting reads every overlapping allocation.
     peak_concurrent_gpus: int | Callable[[], int]
     hours: Decimal  # the reservation's whole length after the change
+    # For the budget and the member's GPU-hour cap (ledger/budgets.py): who books, the new GPU time's window
+    # and GPU count; ``probe``: a check with no hold after it (a queued request's), which records no alert.
+    member_id: int | None = None
+    window: tuple[datetime, datetime] | None = None
+    gpus: int = 0
+    probe: bool = False
+    # A new booking's allocations are written before the check: they are the need, not what the member has.
+    booking_id: int | None = None
 
 
-def _quota_state(project_id: int) -> tuple[int | None, Decimal | None, LedgerTotals]:
-    """The caps of the project's policy (None: no cap) and its ledger's totals, in one query."""
+def _quota_state(
+    project_id: int, member_id: int | None
+) -> tuple[int | None, Decimal | None, budgets.Caps, LedgerTotals]:
+    """The caps of the project's policy (None: no cap), its budget caps and its ledger's totals, in one query."""
     sql, params = _quota_state_sql()
     with connection.cursor() as cursor:
-        cursor.execute(sql, [project_id, project_id, *params, project_id])
-        max_gpus, max_hours, *totals = cursor.fetchone()
+        caps = [project_id, project_id, project_id, member_id]
+        cursor.execute(sql, [project_id, project_id, *caps, *params, project_id])
+        max_gpus, max_hours, budget, action, member_hours, *totals = cursor.fetchone()
     hours_places = QuotaPolicy._meta.get_field("max_reservation_hours").decimal_places  # type: ignore[union-attr]
-    return max_gpus, rows.decimal(max_hours, Decimal(1).scaleb(-hours_places)), totals_from(totals, _QUOTA_KINDS)
+    return (
+        max_gpus,
+        rows.decimal(max_hours, Decimal(1).scaleb(-hours_places)),
+        budgets.caps_from(budget, action, member_hours),
+        totals_from(totals, _QUOTA_KINDS),
+    )
 
 
-def check_quota(*, project_id: int, need: QuotaNeed) -> None:
-    """Refuse with QuotaExceeded naming the quota, what is needed and what is left. Caller holds lock_project()."""
-    max_gpus, max_hours, totals = _quota_state(project_id)
+def check_quota(*, project_id: int, need: QuotaNeed) -> list[dict[str, Any]]:
+    """Refuse with QuotaExceeded naming the quota, what is needed and what is left. Caller holds lock_project().
+
+    Returns the booking's warnings: a budget past its cap whose action is ``warn`` (ledger/budgets.py)."""
+    max_gpus, max_hours, caps, totals = _quota_state(project_id, need.member_id)
     available = totals.balance
     if max_hours is not None and need.hours > max_hours:
         raise QuotaExceeded(
@@ -361,6 +408,17 @@ def check_quota(*, project_id: int, need: QuotaNeed) -> None:
     room = credit_room(totals, kind=EntryKind.HOLD, negative=True)
     if need.credits > room.credits:
         raise _beyond_limit(EntryKind.HOLD, -need.credits, room)
+    # Budgets last: an alert is recorded only for a booking every other rule lets through.
+    return budgets.check(
+        project_id=project_id,
+        caps=caps,
+        credits=need.credits,
+        member_id=need.member_id,
+        window=need.window,
+        gpus=need.gpus,
+        probe=need.probe,
+        booking_id=need.booking_id,
+    )
 
 
 def ledger_hold(
@@ -432,6 +490,7 @@ def ledger_settle(
         actor=actor,
         actor_label=actor_label,
         reservation_id=reservation_id,
+        released=held if held > 0 else ZERO,
     )
     return release, charge
 
@@ -446,6 +505,7 @@ def ledger_charge_capped(
     reservation_id: int | None = None,
     period_key: str = "",
     data: dict[str, Any] | None = None,
+    released: Decimal = ZERO,
 ) -> LedgerEntry:
     """Charge for what was used (a reservation's run, a volume's storage hour): capped, never refused, since
     it has been used. Capped at the balance, and at what the charges' total can still take (CREDIT_LIMIT,
@@ -460,7 +520,7 @@ def ledger_charge_capped(
     if charged <= 0:
         # Nothing left to take; keep a zero charge so the shortfall is on the record.
         charged = ZERO
-    return _append(
+    entry = _append(
         project_id=project_id,
         kind=EntryKind.CHARGE,
         amount=-charged,
@@ -472,6 +532,11 @@ def ledger_charge_capped(
         data=data,
         checked=True,
     )
+    # ``released``: the hold given back just before (a settlement); only a charge beyond it adds spending.
+    budgets.after_charge(
+        project_id=project_id, amount=charged - released, reservation_id=reservation_id, at=entry.created_at
+    )
+    return entry
 
 
 def assert_not_settled(*, reservation_id: int) -> None:

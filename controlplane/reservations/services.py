@@ -283,7 +283,7 @@ def reservation_create(
     gpus, _ = _place_and_allocate(reservation, spec=spec, window=window, now=now, actor=actor)
     hours = _hours(window.seconds)
     needed = credits(sum((costs.rate(gpu.model.billing_weight, reservation) for gpu in gpus), Decimal(0)) * hours)
-    check_quota(
+    warnings = check_quota(
         project_id=project.pk,
         need=QuotaNeed(
             credits=needed,
@@ -291,6 +291,11 @@ def reservation_create(
             peak_concurrent_gpus=lambda: _peak_concurrent(
                 project_id=project.pk, window=window, extra=len(gpus), exclude_reservation_id=reservation.pk
             ),
+            # The budget and the member's GPU-hour cap (ledger/budgets.py).
+            member_id=getattr(_user(actor), "pk", None),
+            window=(window.starts_at, window.ends_at),
+            gpus=len(gpus),
+            booking_id=reservation.pk,
         ),
     )
     ledger_hold(
@@ -339,6 +344,7 @@ def reservation_create(
         Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model")),
         "events",
     )
+    reservation.warnings = warnings  # type: ignore[attr-defined]  # a budget that warns: shown in the response
     _dispatch_booked(reservation, now=now)
     return reservation
 
@@ -610,6 +616,11 @@ def _extension_plan(
             peak_concurrent_gpus=lambda: _peak_concurrent(
                 project_id=current.project_id, window=extra, extra=len(gpus), exclude_reservation_id=current.pk
             ),
+            # The budget and the booker's GPU-hour cap (ledger/budgets.py); a quote records no alert.
+            member_id=current.created_by_id,
+            window=(extra.starts_at, extra.ends_at),
+            gpus=len(gpus),
+            probe=not lock,
         ),
     )
     return allocations, gpus, extra_hours, needed

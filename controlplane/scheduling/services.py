@@ -109,7 +109,7 @@ def _refuse_if_it_can_never_fit(
     lock_project(project_id=project.pk)
     check_quota(
         project_id=project.pk,
-        need=QuotaNeed(credits=needed, hours=hours, peak_concurrent_gpus=spec.gpu_count or 0),
+        need=QuotaNeed(credits=needed, hours=hours, peak_concurrent_gpus=spec.gpu_count or 0, probe=True),
     )
 
 

@@ -23,6 +23,7 @@ const JoinTokensPage = lazy(() => import("./pages/JoinTokens").then((m) => ({ de
 const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ default: m.ReservationPage })));
 const TokensPage = lazy(() => import("./pages/Tokens").then((m) => ({ default: m.TokensPage })));
 const SshKeysPage = lazy(() => import("./pages/SshKeys").then((m) => ({ default: m.SshKeysPage })));
+const EfficiencyPage = lazy(() => import("./pages/Efficiency").then((m) => ({ default: m.EfficiencyPage })));
 const UsagePage = lazy(() => import("./pages/Usage").then((m) => ({ default: m.UsagePage })));
 const NotificationsPage = lazy(() => import("./pages/Notifications").then((m) => ({ default: m.NotificationsPage })));
 const WebhooksPage = lazy(() => import("./pages/Webhooks").then((m) => ({ default: m.WebhooksPage })));
@@ -33,6 +34,7 @@ const TENANT_LINKS = [
   { to: "/availability", label: "Book GPUs" },
   { to: "/history", label: "History" },
   { to: "/usage", label: "Usage" },
+  { to: "/efficiency", label: "Efficiency" },
   { to: "/volumes", label: "Volumes" },
   { to: "/tokens", label: "API tokens" },
   { to: "/ssh-keys", label: "SSH keys" },
@@ -85,6 +87,7 @@ export function App() {
         <Route path="/reservations/:id" element={<ReservationPage />} />
         <Route path="/history" element={<HistoryPage />} />
         <Route path="/usage" element={<UsagePage />} />
+        <Route path="/efficiency" element={<EfficiencyPage />} />
         <Route path="/volumes" element={<VolumesPage />} />
         <Route path="/tokens" element={<TokensPage />} />
         <Route path="/ssh-keys" element={<SshKeysPage />} />

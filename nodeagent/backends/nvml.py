@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from nodeagent import schema
 from nodeagent.backends.base import BackendUnavailable
+from nodeagent.backends.gpm import GpmReader
 from nodeagent.backends.nvml_mig import NvmlMig
 from nodeagent.mig import MigResult
 from nodeagent.xid import xid_event
@@ -88,6 +89,12 @@ class NvmlBackend:
         self.events_detail: str | None = None
         self._event_set: Any = None
         self._mig = NvmlMig(nvml)
+        # DCGM's profiling fields, through NVML's GPM API where the GPU has it (nodeagent/backends/gpm.py).
+        self._gpm = GpmReader(nvml, note=self._note, is_lost=self._is_lost)
+
+    def _is_lost(self, exc: Exception) -> bool:
+        lost = getattr(self._nvml, "NVMLError_GpuIsLost", None)
+        return lost is not None and isinstance(exc, lost)
 
     # -- reading helpers ------------------------------------------------------------------------------------
 
@@ -336,6 +343,10 @@ class NvmlBackend:
         f[schema.CLOCK_THROTTLE_REASONS] = _num(self._throttle_reasons(uuid, h))
         if self._event_set is not None:
             f[schema.XID_ERRORS] = float(self._last_xid.get(uuid, 0))
+        try:
+            f.update(self._gpm.read(uuid, h))
+        except nvml.NVMLError as exc:  # only a lost GPU comes out of the reader
+            raise _GpuLost from exc
         return f
 
     def _throttle_reasons(self, uuid: str, h: Any) -> Any:
@@ -355,6 +366,7 @@ class NvmlBackend:
             return None
 
     def close(self) -> None:
+        self._gpm.close()
         if self._event_set is not None:
             self._optional("nvmlEventSetFree", self._event_set)
             self._event_set = None

@@ -128,6 +128,10 @@ class _Gpu:
     pending: list[int] = field(default_factory=list)
     lost_reported: bool = False
     mig: schema.MigState | None = None
+    prof_rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        self.prof_rng = random.Random(f"prof:{self.facts.uuid}")
 
 
 Fault = Literal["xid", "ecc_dbe", "overheat", "disappear"]
@@ -329,8 +333,22 @@ class SimulatedBackend:
             schema.ROW_REMAP_PENDING: 0.0,
             schema.XID_ERRORS: float(g.last_xid),
             schema.CLOCK_THROTTLE_REASONS: float(throttle),
+            **_profiling(g),
         }
         return schema.GpuSample(uuid=g.facts.uuid, ts=now, fields=fields)
+
+
+def _profiling(g: _Gpu) -> dict[str, float | None]:
+    """DCGM's profiling fields, simulated: SM activity tracks utilization a little under it (utilization counts
+    a kernel resident on any SM; activity, the share of SMs with work), tensor pipes and DRAM are busy for part
+    of that. A random stream of its own per GPU, so the other fields' readings are as before."""
+    rng = g.prof_rng
+    sm = g.util / 100 * rng.uniform(0.75, 0.95)
+    return {
+        schema.PROF_SM_ACTIVE: round(sm, 4),
+        schema.PROF_PIPE_TENSOR_ACTIVE: round(sm * rng.uniform(0.3, 0.7), 4),
+        schema.PROF_DRAM_ACTIVE: round(sm * rng.uniform(0.4, 0.8), 4),
+    }
 
 
 def _clamp(value: float, low: float, high: float) -> float:

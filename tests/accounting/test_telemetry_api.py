@@ -94,6 +94,10 @@ def test_project_members_see_their_reservations_gpus_with_latest_sample_and_minu
             "fb_used_max_mib": 2048.0,
             "power_avg_w": 400.0,
             "temp_max_c": None,
+            # DCGM's profiling fields: none in these minutes (a GPU without GPM), so null, not zero.
+            "sm_active_avg": None,
+            "tensor_active_avg": None,
+            "dram_active_avg": None,
         }
 
 

@@ -101,6 +101,8 @@ await run("portal", async (page) => {
     Object.fromEntries(charts.map((c) => [c.getAttribute("data-testid"), Number(c.getAttribute("data-points"))])),
   );
   expect(points["telemetry-chart-util"] > 0, `the utilization chart has points: ${JSON.stringify(points)}`);
+  // DCGM's profiling fields: the simulated GPUs report them, so the SM activity chart has points too.
+  expect(points["telemetry-chart-sm"] > 0, `the SM activity chart has points: ${JSON.stringify(points)}`);
   // The demo fleet is simulated, and the page says so beside the figures.
   await page.getByTestId("telemetry-simulated").waitFor();
   await shot(page, "05-reservation-running");
@@ -154,6 +156,14 @@ await run("portal", async (page) => {
   }
   await shot(page, "07-usage");
   await axeCheck(page, "usage");
+
+  step("the efficiency statement: this month beside the previous one and the fleet");
+  await page.getByRole("link", { name: "Efficiency" }).click();
+  await page.getByRole("heading", { level: 1, name: "Efficiency" }).waitFor();
+  await page.getByTestId("efficiency-totals").waitFor();
+  await page.getByRole("table", { name: "Comparison" }).waitFor();
+  await shot(page, "07b-efficiency");
+  await axeCheck(page, "efficiency");
 
   step("API tokens: create (shown once) and revoke");
   await page.getByRole("link", { name: "API tokens" }).click();
@@ -237,4 +247,10 @@ await run("portal", async (page) => {
   await page.getByText("Join token created").waitFor();
   await shot(page, "12-join-tokens");
   await axeCheck(page, "join-tokens");
+
+  step("the operator sees every project ranked by waste");
+  await page.getByRole("link", { name: "Efficiency" }).click();
+  await page.getByRole("heading", { name: /All projects, ranked by waste/ }).waitFor();
+  await page.getByTestId("efficiency-totals").waitFor();
+  await axeCheck(page, "efficiency-operator");
 });

@@ -75,6 +75,21 @@ class FakeGpu:
     broken: set[str] = field(default_factory=set)
     lost: bool = False
     mig: FakeMig | None = None  # None: NotSupported on every MIG call, as on a GPU without MIG
+    # GPM metrics in percent by metric id (a Hopper's); None: the GPU has no GPM (isSupportedDevice 0).
+    gpm: dict[int, float] | None = None
+    gpm_samples: int = 0  # GPM samples taken, so a test can see the agent pairs them
+    gpm_freed: int = 0
+
+
+class FakeGpmRequest:
+    """``c_nvmlGpmMetricsGet_t`` without ctypes: the fake's samples are plain objects, not pointers."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0) for _ in range(real.NVML_GPM_METRIC_MAX)]
 
 
 class FakeNvml:
@@ -370,6 +385,39 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: object) -> None:
         pass
+
+    # -- GPM (Hopper and newer): DCGM's profiling fields ------------------------------------------------------
+
+    c_nvmlGpmMetricsGet_t = FakeGpmRequest
+
+    def nvmlGpmQueryDeviceSupport(self, gpu: FakeGpu) -> SimpleNamespace:
+        support = SimpleNamespace(isSupportedDevice=int(gpu.gpm is not None))
+        return self._answer(gpu, "nvmlGpmQueryDeviceSupport", support)
+
+    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:
+        return SimpleNamespace(gpu=None, n=None)
+
+    def nvmlGpmSampleGet(self, gpu: FakeGpu, sample: SimpleNamespace) -> SimpleNamespace:
+        self._answer(gpu, "nvmlGpmSampleGet", None)
+        gpu.gpm_samples += 1
+        sample.gpu, sample.n = gpu, gpu.gpm_samples
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:
+        if sample.gpu is not None:
+            sample.gpu.gpm_freed += 1
+
+    def nvmlGpmMetricsGet(self, request: FakeGpmRequest) -> FakeGpmRequest:
+        gpu = request.sample1.gpu
+        assert request.version == real.NVML_GPM_METRICS_GET_VERSION
+        assert request.sample2.gpu is gpu and request.sample2.n > request.sample1.n, "samples must pair in order"
+        self._answer(gpu, "nvmlGpmMetricsGet", None)
+        for metric in request.metrics[: request.numMetrics]:
+            if gpu.gpm is not None and metric.metricId in gpu.gpm:
+                metric.nvmlReturn, metric.value = real.NVML_SUCCESS, gpu.gpm[metric.metricId]
+            else:
+                metric.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
+        return request
 
 
 def hgx_pair(*, sysfs_numa: bool = False) -> tuple[FakeGpu, FakeGpu]:

@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework.renderers import BaseRenderer
 
+from controlplane.accounting.efficiency import ranking_csv, statement_csv
 from controlplane.accounting.statements import report_csv
 
 
@@ -15,6 +16,10 @@ class ReportCSVRenderer(BaseRenderer):
     charset = "utf-8"
 
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        if isinstance(data, dict) and "reservations" in data and "fleet" in data and "error" not in data:
+            return statement_csv(data).encode()  # an efficiency statement
+        if isinstance(data, dict) and "projects" in data and "fleet" in data and "error" not in data:
+            return ranking_csv(data).encode()  # the operator's ranking
         if isinstance(data, dict) and "rows" in data and "error" not in data:
             return report_csv(data["rows"], data.get("totals"), data.get("storage"), data.get("total_credits")).encode()
         if isinstance(data, list):

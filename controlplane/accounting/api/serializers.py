@@ -189,3 +189,77 @@ class StatementSerializer(serializers.ModelSerializer):
     class Meta:
         model = MonthlyStatement
         fields = ["id", "project", "period_key", "period_start", "period_end", "totals", "rows", "generated_at"]
+
+
+class EfficiencyQuerySerializer(serializers.Serializer):
+    month = serializers.RegexField(
+        r"^\d{4}-(0[1-9]|1[0-2])$",
+        required=False,
+        max_length=7,
+        help_text="The UTC month, YYYY-MM; the current month when left out.",
+        error_messages={"invalid": "Give a month as YYYY-MM."},
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        value = attrs.get("month")
+        attrs["month"] = (
+            datetime(int(value[:4]), int(value[5:]), 1, tzinfo=UTC) if value else month_start(datetime.now(UTC))
+        )
+        return attrs
+
+
+class ProjectEfficiencyQuerySerializer(EfficiencyQuerySerializer):
+    project = serializers.CharField(max_length=_SLUG_MAX, help_text="Project slug.")
+
+
+class EfficiencyFiguresSerializer(serializers.Serializer):
+    held_gpu_hours = serializers.FloatField()
+    idle_gpu_hours = serializers.FloatField()
+    idle_share = serializers.FloatField(allow_null=True, help_text="idle / held GPU-hours.")
+    util_mean_percent = serializers.FloatField(allow_null=True, help_text="Time-weighted mean utilization.")
+    low_util_share = serializers.FloatField(
+        allow_null=True, help_text="Share of held GPU-hours (with a reading) in hours under the low-utilization line."
+    )
+    energy_kwh = serializers.FloatField(help_text="The GPUs' energy.")
+    facility_energy_kwh = serializers.FloatField(help_text="GPU energy x the site's PUE.")
+    energy_cost = serializers.CharField(help_text="Facility energy at the site's price per kWh.")
+    energy_currency = serializers.CharField()
+    energy_wh_per_gpu_hour = serializers.FloatField(allow_null=True)
+    credits = serializers.CharField(help_text="Credits charged (settled reservations).")
+    idle_credits = serializers.CharField(help_text="The credits' share spent on idle GPU time.")
+
+
+class PreviousFiguresSerializer(EfficiencyFiguresSerializer):
+    period = serializers.CharField()
+
+
+class WastedReservationSerializer(EfficiencyFiguresSerializer):
+    reservation = serializers.UUIDField(allow_null=True)
+    name = serializers.CharField()
+
+
+class EfficiencyStatementSerializer(serializers.Serializer):
+    project = serializers.CharField()
+    period = serializers.CharField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    provisional = serializers.BooleanField()
+    low_util_percent = serializers.FloatField()
+    totals = EfficiencyFiguresSerializer()
+    previous = PreviousFiguresSerializer()
+    fleet = EfficiencyFiguresSerializer()
+    reservations = WastedReservationSerializer(many=True, help_text="Ranked by waste: idle credits, then idle hours.")
+
+
+class RankedProjectSerializer(EfficiencyFiguresSerializer):
+    rank = serializers.IntegerField()
+    project = serializers.CharField()
+
+
+class EfficiencyRankingSerializer(serializers.Serializer):
+    period = serializers.CharField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    provisional = serializers.BooleanField()
+    fleet = EfficiencyFiguresSerializer()
+    projects = RankedProjectSerializer(many=True)

@@ -147,6 +147,11 @@ class TelemetryMinuteSerializer(serializers.Serializer):
     fb_used_max_mib = serializers.FloatField(allow_null=True, help_text="Highest framebuffer memory used, MiB.")
     power_avg_w = serializers.FloatField(allow_null=True, help_text="Mean power draw, watts.")
     temp_max_c = serializers.FloatField(allow_null=True)
+    sm_active_avg = serializers.FloatField(
+        allow_null=True, help_text="Mean DCGM_FI_PROF_SM_ACTIVE (ratio 0-1); null where the GPU has no GPM."
+    )
+    tensor_active_avg = serializers.FloatField(allow_null=True, help_text="Mean DCGM_FI_PROF_PIPE_TENSOR_ACTIVE.")
+    dram_active_avg = serializers.FloatField(allow_null=True, help_text="Mean DCGM_FI_PROF_DRAM_ACTIVE.")
 
 
 class GpuTelemetrySerializer(serializers.Serializer):

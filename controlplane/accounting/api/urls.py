@@ -3,6 +3,8 @@ from rest_framework.routers import SimpleRouter
 
 from controlplane.accounting.api.telemetry import ReservationTelemetryView
 from controlplane.accounting.api.views import (
+    EfficiencyRankingView,
+    EfficiencyStatementView,
     FleetReportView,
     ProjectReportView,
     StatementViewSet,
@@ -19,6 +21,12 @@ urlpatterns = [
     path("usage/report.<str:format>", ProjectReportView.as_view(), name="usage-report-format"),
     path("usage/fleet", FleetReportView.as_view(), name="usage-fleet"),
     path("usage/fleet.<str:format>", FleetReportView.as_view(), name="usage-fleet-format"),
+    path("usage/efficiency", EfficiencyStatementView.as_view(), name="usage-efficiency"),
+    path("usage/efficiency.<str:format>", EfficiencyStatementView.as_view(), name="usage-efficiency-format"),
+    path("usage/efficiency-ranking", EfficiencyRankingView.as_view(), name="usage-efficiency-ranking"),
+    path(
+        "usage/efficiency-ranking.<str:format>", EfficiencyRankingView.as_view(), name="usage-efficiency-ranking-format"
+    ),
     path("usage/timeseries", TimeseriesView.as_view(), name="usage-timeseries"),
     path("reservations/<uuid:id>/telemetry/", ReservationTelemetryView.as_view(), name="reservation-telemetry"),
     *router.urls,

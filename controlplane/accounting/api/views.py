@@ -13,10 +13,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.accounting import selectors
+from controlplane.accounting import efficiency, selectors
 from controlplane.accounting.api.renderers import ReportCSVRenderer
 from controlplane.accounting.api.serializers import (
+    EfficiencyQuerySerializer,
+    EfficiencyRankingSerializer,
+    EfficiencyStatementSerializer,
     FleetReportQuerySerializer,
+    ProjectEfficiencyQuerySerializer,
     ProjectReportQuerySerializer,
     ReportSerializer,
     StatementSerializer,
@@ -81,6 +85,36 @@ class FleetReportView(APIView):
         report = selectors.fleet_report(start=query["start"], end=query["end"], group_by=query["group_by"])
         response = Response(ReportSerializer(report.as_dict()).data)
         return _csv_name(response, request, f"fleet-usage-{query['start']:%Y%m%d%H}-{query['end']:%Y%m%d%H}")
+
+
+class EfficiencyStatementView(APIView):
+    """A project's efficiency statement for a UTC month, beside its previous month and the fleet
+    (docs/efficiency.md). ``/efficiency.csv`` or ``?format=csv``: the ranked reservations and the three totals."""
+
+    renderer_classes = RENDERERS
+    schema_error_statuses = ("404",)
+
+    @extend_schema(parameters=[ProjectEfficiencyQuerySerializer], responses=EfficiencyStatementSerializer)
+    def get(self, request: Request, format: str | None = None) -> Response:
+        query = _query(ProjectEfficiencyQuerySerializer, request)
+        project = _visible_project(request, query["project"])
+        data = efficiency.statement(project=project, month=query["month"])
+        response = Response(EfficiencyStatementSerializer(data).data)
+        return _csv_name(response, request, f"efficiency-{project.slug}-{data['period']}")
+
+
+class EfficiencyRankingView(APIView):
+    """Operators: every project's efficiency in a UTC month, ranked by waste."""
+
+    permission_classes = [IsOperator]
+    renderer_classes = RENDERERS
+
+    @extend_schema(parameters=[EfficiencyQuerySerializer], responses=EfficiencyRankingSerializer)
+    def get(self, request: Request, format: str | None = None) -> Response:
+        query = _query(EfficiencyQuerySerializer, request)
+        data = efficiency.ranking(month=query["month"])
+        response = Response(EfficiencyRankingSerializer(data).data)
+        return _csv_name(response, request, f"efficiency-ranking-{data['period']}")
 
 
 class TimeseriesView(APIView):

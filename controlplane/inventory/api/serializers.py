@@ -7,12 +7,13 @@ from rest_framework import serializers
 
 from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Gpu, GpuModel, MigDevice, Rack, Server, ServerEvent, Site
+from controlplane.inventory.selectors import server_power
 
 
 class SiteSerializer(serializers.ModelSerializer):
     class Meta:
         model = Site
-        fields = ["id", "name", "location"]
+        fields = ["id", "name", "location", "pue", "electricity_price_per_kwh"]
 
 
 class RackSerializer(serializers.ModelSerializer):
@@ -33,6 +34,7 @@ class GpuModelSerializer(serializers.ModelSerializer):
             "price_per_gpu_hour",
             "currency",
             "billing_weight",
+            "tdp_watts",
         ]
 
 
@@ -170,6 +172,15 @@ class DrainPreviewSerializer(serializers.Serializer):
     )
 
 
+class ServerPowerSerializer(serializers.Serializer):
+    drawn_w = serializers.FloatField(allow_null=True, help_text="Sum of the fresh power readings; null: none.")
+    rated_w = serializers.IntegerField(
+        allow_null=True, help_text="rated_power_w, else the sum of the GPUs' TDPs; null: unknown."
+    )
+    share = serializers.FloatField(allow_null=True, help_text="drawn_w / rated_w.")
+    gpus_reporting = serializers.IntegerField()
+
+
 class ServerSerializer(serializers.ModelSerializer):
     site = serializers.SerializerMethodField()
     rack: serializers.SlugRelatedField = serializers.SlugRelatedField(
@@ -189,6 +200,9 @@ class ServerSerializer(serializers.ModelSerializer):
 class OperatorServerSerializer(ServerSerializer):
     gpus = OperatorServerGpuSerializer(many=True, read_only=True)  # type: ignore[assignment]
     credential = serializers.SerializerMethodField()
+    power = serializers.SerializerMethodField(
+        help_text="Power drawn now (the GPUs' latest readings, fresh ones only) against the server's rated power."
+    )
     # "" while the server is not offline.
     state_before_offline = serializers.ChoiceField(choices=ServerState.choices, allow_blank=True, read_only=True)
 
@@ -203,8 +217,14 @@ class OperatorServerSerializer(ServerSerializer):
             "last_heartbeat_seq",
             "created_at",
             "credential",
+            "rated_power_w",
+            "power",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(ServerPowerSerializer)
+    def get_power(self, obj: Server) -> dict[str, object]:
+        return server_power(obj, list(obj.gpus.all()))
 
     @extend_schema_field(
         {

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from controlplane.accounts.models import Project
 from controlplane.core.api.fields import SlugRelatedField
-from controlplane.ledger.models import CREDIT_LIMIT, LedgerEntry, QuotaPolicy
+from controlplane.ledger.models import CREDIT_LIMIT, BudgetAlert, LedgerEntry, MemberCap, QuotaPolicy
 
 
 class LedgerEntrySerializer(serializers.ModelSerializer):
@@ -56,11 +56,51 @@ class QuotaPolicySerializer(serializers.ModelSerializer):
             "period",
             "max_concurrent_gpus",
             "max_reservation_hours",
+            "budget_credits",
+            "budget_action",
             "updated_at",
             "updated_by",
         ]
         read_only_fields = ["project", "period", "updated_at", "updated_by"]
-        extra_kwargs = {"max_concurrent_gpus": {"min_value": 0}}
+        extra_kwargs = {
+            "max_concurrent_gpus": {"min_value": 0},
+            "budget_credits": {
+                "help_text": "The period's spending cap (charges of the period plus what is held); null: none."
+            },
+            "budget_action": {"help_text": "Past the budget: refuse the booking (409 budget_exceeded) or warn."},
+        }
+
+
+class BudgetAlertSerializer(serializers.ModelSerializer):
+    project: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    reservation = serializers.UUIDField(source="reservation.public_id", default=None, allow_null=True, read_only=True)
+
+    class Meta:
+        model = BudgetAlert
+        fields = ["id", "project", "period_key", "threshold", "spent", "budget", "reservation", "at"]
+        read_only_fields = fields
+
+
+class MemberCapSerializer(serializers.ModelSerializer):
+    project: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    user = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = MemberCap
+        fields = ["id", "project", "user", "gpu_hours_per_period", "updated_at"]
+        read_only_fields = fields
+
+
+class MemberCapSetSerializer(serializers.Serializer):
+    project = SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
+    user = serializers.CharField(max_length=150, help_text="The member's username.")
+    gpu_hours_per_period = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0"),
+        allow_null=True,
+        help_text="GPU-hours the member may book in the project per UTC month; null removes the cap.",
+    )
 
 
 def _amount(minimum: Decimal, help_text: str) -> serializers.DecimalField:
@@ -99,3 +139,15 @@ class RefundSerializer(GrantSerializer):
         if attrs["reservation"].project_id != attrs["project"].pk:
             raise serializers.ValidationError({"reservation": ["The reservation belongs to another project."]})
         return attrs
+
+
+class BudgetStatusSerializer(serializers.Serializer):
+    project = serializers.CharField()
+    period = serializers.CharField(help_text="The UTC month, e.g. 2026-11.")
+    budget = serializers.DecimalField(max_digits=None, decimal_places=4, allow_null=True)
+    action = serializers.CharField()
+    spent = serializers.DecimalField(
+        max_digits=None, decimal_places=4, help_text="Charges written in the period plus credits held now."
+    )
+    share = serializers.FloatField(allow_null=True, help_text="spent / budget; null without a budget.")
+    alerts = BudgetAlertSerializer(many=True)

@@ -14,18 +14,23 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import Project
-from controlplane.accounts.selectors import projects_visible_to
-from controlplane.ledger import services
+from controlplane.accounts.selectors import can_manage, projects_visible_to
+from controlplane.core.errors import NotFound, PermissionDenied, ValidationFailed
+from controlplane.ledger import budgets, services
 from controlplane.ledger.api.serializers import (
     AdjustSerializer,
     BalanceSerializer,
+    BudgetAlertSerializer,
+    BudgetStatusSerializer,
     GrantSerializer,
     LedgerEntrySerializer,
+    MemberCapSerializer,
+    MemberCapSetSerializer,
     QuotaPolicySerializer,
     RefundSerializer,
 )
-from controlplane.ledger.filters import LedgerEntryFilter
-from controlplane.ledger.models import LedgerEntry, QuotaPolicy
+from controlplane.ledger.filters import BudgetAlertFilter, LedgerEntryFilter, MemberCapFilter
+from controlplane.ledger.models import BudgetAlert, LedgerEntry, MemberCap, QuotaPolicy
 from controlplane.ledger.selectors import LedgerTotals, ledger_totals, totals_for_projects
 
 
@@ -104,6 +109,8 @@ class QuotaPolicyViewSet(
             credits_per_period=data.get("credits_per_period"),
             max_concurrent_gpus=data.get("max_concurrent_gpus"),
             max_reservation_hours=data.get("max_reservation_hours"),
+            budget_credits=data.get("budget_credits"),
+            budget_action=data.get("budget_action"),
             fields=set(data),
         )
 
@@ -143,3 +150,76 @@ class AdjustView(_OperatorMove):
 class RefundView(_OperatorMove):
     input_class = RefundSerializer
     move = staticmethod(services.ledger_refund)
+
+
+class BudgetAlertViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Budget thresholds (80, 95, 100 %) the projects you belong to crossed, once per period each."""
+
+    serializer_class = BudgetAlertSerializer
+    filterset_class = BudgetAlertFilter
+    queryset = BudgetAlert.objects.none()
+
+    def get_queryset(self) -> QuerySet[BudgetAlert]:
+        return BudgetAlert.objects.filter(project__in=projects_visible_to(self.request.user)).select_related(
+            "project", "reservation"
+        )
+
+
+class BudgetStatusView(APIView):
+    """A project's budget this period: the cap, its action, what is spent or held, and the alerts so far."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        responses=BudgetStatusSerializer,
+        parameters=[OpenApiParameter("slug", str, OpenApiParameter.PATH, description="Project slug.")],
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        project = get_object_or_404(projects_visible_to(request.user), slug=slug)
+        return Response(BudgetStatusSerializer(budgets.status(project_id=project.pk)).data)
+
+
+class MemberCapViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Per-member GPU-hour caps: members read their projects'; the project's owners and operators set them."""
+
+    serializer_class = MemberCapSerializer
+    filterset_class = MemberCapFilter
+    queryset = MemberCap.objects.none()
+
+    def get_queryset(self) -> QuerySet[MemberCap]:
+        return (
+            MemberCap.objects.filter(project__in=projects_visible_to(self.request.user))
+            .select_related("project", "user")
+            .order_by("project__slug", "user__username")
+        )
+
+    @extend_schema(
+        request=MemberCapSetSerializer,
+        responses={200: MemberCapSerializer, 204: None},
+        summary="Set a member's GPU-hour cap (owners, operators); a null cap removes it",
+    )
+    def create(self, request: Request) -> Response:
+        from django.contrib.auth import get_user_model
+
+        data: Any = request.data
+        slug = data.get("project") if isinstance(data, dict) else None
+        if isinstance(slug, str):
+            # Before the rest of the body: another tenant's project reads as absent, a teammate is refused.
+            target = projects_visible_to(request.user).filter(slug=slug).first()
+            if target is None:
+                raise NotFound("No such project among yours.", fields={"project": ["No such project."]})
+            if not can_manage(request.user, target):
+                raise PermissionDenied("Only the project's owners and operators set members' caps.")
+        s = MemberCapSetSerializer(data=data)
+        s.fields["project"].queryset = projects_visible_to(request.user)  # type: ignore[attr-defined]
+        s.is_valid(raise_exception=True)
+        project = s.validated_data["project"]
+        user = get_user_model().objects.filter(username=s.validated_data["user"]).first()
+        if user is None:
+            raise ValidationFailed("user: no such user.", fields={"user": ["No such user."]})
+        hours = s.validated_data["gpu_hours_per_period"]
+        cap = services.member_cap_set(project=project, user=user, gpu_hours_per_period=hours, actor=request.user)
+        if cap is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        cap.project, cap.user = project, user
+        return Response(MemberCapSerializer(cap).data)

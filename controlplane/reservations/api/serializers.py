@@ -405,14 +405,22 @@ class ReservationDetailSerializer(ReservationSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
     events = ReservationEventSerializer(many=True, read_only=True)
     access = serializers.SerializerMethodField()
+    warnings = serializers.SerializerMethodField(
+        help_text="What the booking was told and let through: a budget past its cap whose action is warn "
+        "(code budget_exceeded, message, budget, spent, needed, period). Empty on a later read."
+    )
 
     class Meta(ReservationSerializer.Meta):
-        fields = [*ReservationSerializer.Meta.fields, "allocations", "events", "access"]
+        fields = [*ReservationSerializer.Meta.fields, "allocations", "events", "access", "warnings"]
         read_only_fields = fields
 
     @extend_schema_field(AccessSerializer)
     def get_access(self, reservation: Reservation) -> dict[str, Any]:
         return hooks.access_for(reservation)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_warnings(self, reservation: Reservation) -> list[dict[str, Any]]:
+        return list(getattr(reservation, "warnings", []))
 
 
 # --- The booking's hot path ---------------------------------------------------------------------------------
@@ -594,4 +602,5 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
             for e in reservation.events.all()
         ],
         "access": hooks.access_for(reservation),
+        "warnings": list(getattr(reservation, "warnings", [])),
     }

@@ -208,6 +208,15 @@ export interface Server {
   gpus: ServerGpu[];
   agent_version?: string;
   last_heartbeat_at?: string | null;
+  /** Operators: what the GPUs draw now against the server's rated power (docs/efficiency.md). */
+  power?: ServerPower;
+}
+
+export interface ServerPower {
+  drawn_w: number | null;
+  rated_w: number | null;
+  share: number | null;
+  gpus_reporting: number;
 }
 
 export interface TimelineSegment {
@@ -306,6 +315,10 @@ export interface TelemetryMinute {
   fb_used_max_mib: number | null;
   power_avg_w: number | null;
   temp_max_c: number | null;
+  /** DCGM's profiling fields, ratios 0..1; null on a GPU without them (no GPM). */
+  sm_active_avg?: number | null;
+  tensor_active_avg?: number | null;
+  dram_active_avg?: number | null;
 }
 
 export interface GpuTelemetry {

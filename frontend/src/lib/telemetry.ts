@@ -37,7 +37,10 @@ export interface ChartField {
   key: string;
   title: string;
   unit: string;
-  minute: keyof Pick<TelemetryMinute, "util_avg" | "fb_used_max_mib" | "power_avg_w">;
+  minute: keyof Pick<
+    TelemetryMinute,
+    "util_avg" | "fb_used_max_mib" | "power_avg_w" | "sm_active_avg" | "tensor_active_avg" | "dram_active_avg"
+  >;
   dcgm: string;
   /** The plotted value is the reported one times this (memory: MiB reported, GiB plotted). */
   scale?: number;
@@ -57,6 +60,19 @@ export const TELEMETRY_CHARTS: ChartField[] = [
     dcgm: "DCGM_FI_DEV_FB_USED",
   },
   { key: "power", title: "Power", unit: " W", digits: 0, minute: "power_avg_w", dcgm: "DCGM_FI_DEV_POWER_USAGE" },
+  // DCGM's profiling fields (ratios, plotted as %): the evidence of real work that utilization alone is not
+  // (a busy loop reads 100 % utilization and almost no SM activity). Null on GPUs without GPM.
+  { key: "sm", title: "SM active", unit: "%", scale: 100, digits: 0, minute: "sm_active_avg", dcgm: "DCGM_FI_PROF_SM_ACTIVE" },
+  {
+    key: "tensor",
+    title: "Tensor pipes active",
+    unit: "%",
+    scale: 100,
+    digits: 0,
+    minute: "tensor_active_avg",
+    dcgm: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+  },
+  { key: "dram", title: "DRAM active", unit: "%", scale: 100, digits: 0, minute: "dram_active_avg", dcgm: "DCGM_FI_PROF_DRAM_ACTIVE" },
 ];
 
 /** A chart's value as its axis and tooltip show it: "621 W", "75.2 GiB", "97%". */

@@ -5,7 +5,7 @@ import { Link } from "react-router";
 
 import { ApiError, api } from "../api/client";
 import { useServers } from "../api/hooks";
-import { DCGM, type Server, type ServerGpu, type ServerState } from "../api/types";
+import { DCGM, type Server, type ServerGpu, type ServerPower, type ServerState } from "../api/types";
 import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ErrorAlert, QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
@@ -91,10 +91,11 @@ export function FleetPage() {
 
         <Card withBorder>
           <Title order={2} size="h4" mb="xs">Servers</Title>
-          <ResponsiveTable minWidth={720} striped aria-label="Servers">
+          <ResponsiveTable minWidth={820} striped aria-label="Servers">
             <Table.Thead>
               <Table.Tr>
                 <Table.Th>Host</Table.Th><Table.Th>State</Table.Th><Table.Th>GPUs</Table.Th>
+                <Table.Th>Power (drawn / rated)</Table.Th>
                 <Table.Th>Last heartbeat</Table.Th><Table.Th>Agent</Table.Th><Table.Th>Actions</Table.Th>
               </Table.Tr>
             </Table.Thead>
@@ -115,6 +116,7 @@ export function FleetPage() {
                     )}
                     {s.gpus.some((g) => g.health !== "healthy") && <Badge color="red.9" variant="filled" ml={4} size="xs">unhealthy</Badge>}
                   </Table.Td>
+                  <Table.Td data-label="Power (drawn / rated)" data-testid={`power-${s.hostname}`}>{formatPower(s.power)}</Table.Td>
                   <Table.Td data-label="Last heartbeat" title={formatDateTime(s.last_heartbeat_at)}>{s.last_heartbeat_at ? formatRelative(s.last_heartbeat_at) : "never"}</Table.Td>
                   <Table.Td data-label="Agent">{s.agent_version || "–"}</Table.Td>
                   <Table.Td>
@@ -300,6 +302,14 @@ function MigLayout({ server, onClose }: { server: Server; onClose: () => void })
       </form>
     </Modal>
   );
+}
+
+/** "1.75 / 3.20 kW (55%)": fresh readings only; a dash for what is not known. */
+function formatPower(power: ServerPower | undefined): string {
+  if (!power) return "–";
+  const kw = (w: number | null) => (w == null ? "–" : (w / 1000).toFixed(2));
+  const share = power.share == null ? "" : ` (${Math.round(power.share * 100)}%)`;
+  return `${kw(power.drawn_w)} / ${kw(power.rated_w)} kW${share}`;
 }
 
 function Acknowledge({ server, gpu, onClose }: { server: Server; gpu: FleetGpu; onClose: () => void }) {
