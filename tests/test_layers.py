@@ -213,6 +213,7 @@ def test_every_required_hook_is_registered_once_django_is_set_up() -> None:
         "fleet.containers_reported",
         "fleet.server_lost",
         "inventory.server_retired",
+        "ledger.member_gpu_hours",
     } <= set(hooks)
     empty = sorted(name for name, hook in hooks.items() if not hook.registered)
     assert not empty, f"required hooks nobody registered: {empty}"

@@ -27,6 +27,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from controlplane.core.errors import QuotaExceeded
+from controlplane.core.hooks import RequiredHook
 from controlplane.ledger.choices import BUDGET_THRESHOLDS, BudgetAction, EntryKind
 from controlplane.ledger.models import CREDIT_PLACES, BudgetAlert, LedgerEntry, MemberCap, QuotaPolicy
 from controlplane.ledger.selectors import sum_sql, summed
@@ -117,27 +118,11 @@ def spent(*, project_id: int, when: datetime) -> Decimal:
     return -(summed(charged) + summed(held_sum)) + Decimal(0).quantize(CREDIT_PLACES)
 
 
-def member_gpu_hours(
-    *, project_id: int, user_id: int, start: datetime, end: datetime, exclude_reservation_id: int | None = None
-) -> Decimal:
-    """GPU-hours the member's reservations in the project hold in [start, end): each allocation from its start
-    to its end, or to its release when it was given back earlier (a cancelled booking holds nothing)."""
-    from controlplane.reservations.models import Allocation  # the ledger sits below reservations
-
-    periods = Allocation.objects.filter(
-        reservation__project_id=project_id,
-        reservation__created_by_id=user_id,
-        starts_at__lt=end,
-        ends_at__gt=start,
-    ).values_list("starts_at", "ends_at", "released_at")
-    if exclude_reservation_id is not None:
-        periods = periods.exclude(reservation_id=exclude_reservation_id)
-    seconds = 0.0
-    for begins, ends, released in periods:
-        if released is not None:
-            ends = min(ends, released)
-        seconds += max(0.0, (min(ends, end) - max(begins, start)).total_seconds())
-    return (Decimal(seconds) / 3600).quantize(Decimal("0.01"))
+# What a member's reservations hold is the reservations app's to read (it sits above the ledger): it fills
+# this hook in its AppConfig.ready(). (project_id, user_id, start, end, exclude_reservation_id) -> GPU-hours.
+member_gpu_hours: RequiredHook[..., Decimal] = RequiredHook(
+    "ledger.member_gpu_hours", provider="controlplane.reservations"
+)
 
 
 # -- The booking's check and the alerts ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import QuerySet
@@ -68,3 +69,25 @@ def gpus_holding(*, gpu_ids: Iterable[int], now: datetime | None = None) -> list
     """The reservations holding any of these GPUs now or later, earliest first (what must end, or be moved,
     before the GPU can change underneath them)."""
     return [_reservation_facts(a) for a in _holding(gpu_ids, now=now or timezone.now())]
+
+
+def member_gpu_hours(
+    *, project_id: int, user_id: int, start: datetime, end: datetime, exclude_reservation_id: int | None = None
+) -> Decimal:
+    """GPU-hours the member's reservations in the project hold in [start, end): each allocation from its start
+    to its end, or to its release when it was given back earlier (a cancelled booking holds nothing). The
+    ledger's per-member cap reads it through ``ledger.budgets.member_gpu_hours``."""
+    periods = Allocation.objects.filter(
+        reservation__project_id=project_id,
+        reservation__created_by_id=user_id,
+        starts_at__lt=end,
+        ends_at__gt=start,
+    ).values_list("starts_at", "ends_at", "released_at")
+    if exclude_reservation_id is not None:
+        periods = periods.exclude(reservation_id=exclude_reservation_id)
+    seconds = 0.0
+    for begins, ends, released in periods:
+        if released is not None:
+            ends = min(ends, released)
+        seconds += max(0.0, (min(ends, end) - max(begins, start)).total_seconds())
+    return (Decimal(seconds) / 3600).quantize(Decimal("0.01"))
