@@ -7,6 +7,10 @@ class NotificationsConfig(AppConfig):
 
     def ready(self) -> None:
         from controlplane.core import domain_events
-        from controlplane.notifications.events import on_domain_events
+        from controlplane.ledger import budgets
+        from controlplane.notifications.events import on_budget_alert, on_domain_events, on_reservation_yielded
+        from controlplane.reservations import hooks as reservation_hooks
 
         domain_events.subscribe(on_domain_events)
+        reservation_hooks.register_on_yielded(on_reservation_yielded)
+        budgets.register_alert_listener(on_budget_alert)

@@ -228,3 +228,32 @@ def _once(row: Event) -> Event | None:
             return record([row])[0]
     except IntegrityError:
         return None
+
+
+def on_reservation_yielded(reservation: Any, by: Any, at: datetime) -> None:
+    """The reservations app's yield hook: a window cut short by a winner (``by``) is a preemption. A cut with
+    no winner (an operator's, or idle reclamation's) is told by its own event."""
+    if by is None:
+        return
+    from controlplane.reservations.models import Reservation
+
+    current = Reservation.objects.get(pk=reservation.pk)  # the cut's terms, as this transaction wrote them
+    emit_preempted(
+        reservation=current,
+        by=f"reservation {by.public_id}",
+        notice_s=float(current.yield_notice_seconds or 0),
+        reason=current.yield_reason,
+        at=at,
+    )
+
+
+def on_budget_alert(alert: Any) -> None:
+    """The ledger's budget listener (called after the alert commits): a threshold crossed, once per period."""
+    emit_budget_threshold(
+        project=alert.project,
+        period=alert.period_key,
+        threshold_percent=int(alert.threshold),
+        used=str(alert.spent),
+        budget=str(alert.budget),
+        at=alert.at,
+    )

@@ -232,3 +232,62 @@ def test_emit_functions_for_features_to_come_write_their_events_once(booked: Any
     _fan_out_all()
     titles = set(Notification.objects.filter(user=owner).values_list("title", flat=True))
     assert {"Preempted: train", "Idle GPUs: train", f"Budget 80 % used: {r.project.slug}"} <= titles
+
+
+def test_a_window_cut_short_by_a_winner_is_a_preempted_event(booked: Any) -> None:
+    r, owner, _ = booked
+    winner = reservations.reservation_create(
+        project=r.project, name="winner", spec=spec(r.gpu_model), window=window(), container=CONTAINER, actor=owner
+    )
+    reservations.reservation_yield(
+        reservation=r,
+        end_at=r.starts_at + timedelta(minutes=30),
+        notice_seconds=120,
+        reason="preempted by a booking",
+        by=winner,
+        actor=None,
+    )
+    event = Event.objects.get(type=EventType.PREEMPTED)
+    assert event.reservation_id == r.pk
+    assert event.payload == {
+        "by": f"reservation {winner.public_id}",
+        "notice_s": 120.0,
+        "reason": "preempted by a booking",
+    }
+
+
+def test_a_cut_without_a_winner_is_not_a_preemption(booked: Any) -> None:
+    r, _, _ = booked
+    reservations.reservation_yield(
+        reservation=r,
+        end_at=r.starts_at + timedelta(minutes=30),
+        notice_seconds=0,
+        reason="operator",
+        by=None,
+        actor=None,
+    )
+    assert not Event.objects.filter(type=EventType.PREEMPTED).exists()
+
+
+def test_a_budget_threshold_crossed_is_one_event(django_capture_on_commit_callbacks: Any) -> None:
+    from decimal import Decimal
+
+    from controlplane.ledger.services import quota_policy_set
+
+    owner = UserFactory()
+    proj = project(owner=owner, grant="1000")
+    model = gpu_model()
+    server(model, gpus=2)
+    quota_policy_set(
+        project=proj,
+        actor=None,
+        budget_credits=Decimal("1"),
+        budget_action="warn",
+        fields={"budget_credits", "budget_action"},
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        reservations.reservation_create(
+            project=proj, name="big", spec=spec(model), window=window(hours=4), container=CONTAINER, actor=owner
+        )
+    thresholds = sorted(e.payload["threshold_percent"] for e in Event.objects.filter(type=EventType.BUDGET_THRESHOLD))
+    assert thresholds == [80, 95, 100]
