@@ -281,15 +281,21 @@ def quota_policy_set(
     credits_per_period: Decimal | None = None,
     max_concurrent_gpus: int | None = None,
     max_reservation_hours: Decimal | None = None,
+    idle_util_percent: Decimal | None = None,
+    idle_minutes: int | None = None,
+    idle_grace_minutes: int | None = None,
     fields: set[str] | None = None,
 ) -> QuotaPolicy:
-    """Create or change a project's policy. ``fields`` names what to change (all three when None)."""
+    """Create or change a project's policy. ``fields`` names what to change (all of them when None)."""
     lock_project(project_id=project.pk)
     policy, _ = QuotaPolicy.objects.get_or_create(project=project)
     values = {
         "credits_per_period": credits_per_period,
         "max_concurrent_gpus": max_concurrent_gpus,
         "max_reservation_hours": max_reservation_hours,
+        "idle_util_percent": idle_util_percent,
+        "idle_minutes": idle_minutes,
+        "idle_grace_minutes": idle_grace_minutes,
     }
     for name in fields if fields is not None else set(values):
         if name == "credits_per_period" and values[name] is None:

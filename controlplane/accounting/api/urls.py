@@ -1,6 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from controlplane.accounting.api.reclaim import ReservationKeepView
 from controlplane.accounting.api.telemetry import ReservationTelemetryView
 from controlplane.accounting.api.views import (
     FleetReportView,
@@ -21,5 +22,6 @@ urlpatterns = [
     path("usage/fleet.<str:format>", FleetReportView.as_view(), name="usage-fleet-format"),
     path("usage/timeseries", TimeseriesView.as_view(), name="usage-timeseries"),
     path("reservations/<uuid:id>/telemetry/", ReservationTelemetryView.as_view(), name="reservation-telemetry"),
+    path("reservations/<uuid:id>/keep/", ReservationKeepView.as_view(), name="reservation-keep"),
     *router.urls,
 ]

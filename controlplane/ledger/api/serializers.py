@@ -56,6 +56,9 @@ class QuotaPolicySerializer(serializers.ModelSerializer):
             "period",
             "max_concurrent_gpus",
             "max_reservation_hours",
+            "idle_util_percent",
+            "idle_minutes",
+            "idle_grace_minutes",
             "updated_at",
             "updated_by",
         ]

@@ -104,6 +104,9 @@ class QuotaPolicyViewSet(
             credits_per_period=data.get("credits_per_period"),
             max_concurrent_gpus=data.get("max_concurrent_gpus"),
             max_reservation_hours=data.get("max_reservation_hours"),
+            idle_util_percent=data.get("idle_util_percent"),
+            idle_minutes=data.get("idle_minutes"),
+            idle_grace_minutes=data.get("idle_grace_minutes"),
             fields=set(data),
         )
 
