@@ -662,3 +662,4 @@ REF_BUILDERS.append(_idle_refs)
 VISIBLE_TO["idle"] = MEMBERS_OF_ATLAS
 MISSING["idle"] = "00000000-0000-4000-8000-000000000002"
 ROWS.append(row("POST", "/api/v1/reservations/{idle}/keep/", **BOOKERS_WRITE))
+ROWS.append(row("GET", "/api/v1/reservations/{idle}/idle/", **MEMBERS_READ))

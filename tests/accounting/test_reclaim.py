@@ -256,3 +256,38 @@ def test_keep_api_owner_teammate_viewer_outsider(api_client, proj, model, rack, 
         assert res.json()["ends_at"].startswith((t0 + timedelta(hours=4)).strftime("%Y-%m-%dT%H:%M"))
         again = api_client.post(f"/api/v1/reservations/{r.public_id}/keep/")
         assert again.status_code == 409 and again.json()["error"]["code"] == "nothing_to_keep"
+
+
+def test_the_usage_report_and_its_csv_show_reclaimed_gpu_hours(api_client, proj, model, rack, t0):  # type: ignore[no-untyped-def]
+    _policy(proj)
+    owner = member_of(proj, Role.OWNER)
+    r = _running(proj, model, t0)
+    _idle(r, t0, 30)
+    reclaim.idle_reclaim_pass(now=t0 + 30 * MIN)
+    r.refresh_from_db()
+    reclaim.idle_reclaim_pass(now=r.ends_at)  # the grace passed unkept
+    api_client.force_authenticate(owner)
+    day = t0.date().isoformat()
+    params = {"project": proj.slug, "start": day, "end": (t0 + timedelta(days=2)).date().isoformat()}
+    data = api_client.get("/api/v1/usage/report", params).json()
+    assert data["reclaimed_gpu_hours"] == pytest.approx(6.5)
+    assert data["reclaimed_by_project"] == {proj.slug: pytest.approx(6.5)}
+    csv = api_client.get("/api/v1/usage/report.csv", params).content.decode()
+    assert csv.splitlines()[-1].startswith("idle_reclaimed,Idle reclaimed (6.5 GPU-hours)")
+    other = project()
+    outsider = member_of(other, Role.OWNER)
+    api_client.force_authenticate(outsider)
+    assert api_client.get("/api/v1/usage/report", {**params, "project": other.slug}).json()["reclaimed_gpu_hours"] == 0
+
+
+def test_the_idle_endpoint_says_where_the_warning_stands(api_client, proj, model, rack, t0):  # type: ignore[no-untyped-def]
+    _policy(proj)
+    viewer = member_of(proj, Role.VIEWER)
+    r = _running(proj, model, t0)
+    api_client.force_authenticate(viewer)
+    assert api_client.get(f"/api/v1/reservations/{r.public_id}/idle/").json() == {"idle": None}
+    _idle(r, t0, 30)
+    reclaim.idle_reclaim_pass(now=t0 + 30 * MIN)
+    idle = api_client.get(f"/api/v1/reservations/{r.public_id}/idle/").json()["idle"]
+    assert idle["state"] == "warned" and idle["idle_minutes"] == 30 and idle["threshold_percent"] == "5.00"
+    assert idle["cut_ends_at"].startswith((t0 + 45 * MIN).strftime("%Y-%m-%dT%H:%M"))

@@ -16,7 +16,13 @@ class ReportCSVRenderer(BaseRenderer):
 
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
         if isinstance(data, dict) and "rows" in data and "error" not in data:
-            return report_csv(data["rows"], data.get("totals"), data.get("storage"), data.get("total_credits")).encode()
+            return report_csv(
+                data["rows"],
+                data.get("totals"),
+                data.get("storage"),
+                data.get("total_credits"),
+                reclaimed_gpu_hours=data.get("reclaimed_gpu_hours"),
+            ).encode()
         if isinstance(data, list):
             return report_csv(data).encode()
         import json
