@@ -291,3 +291,26 @@ def test_the_idle_endpoint_says_where_the_warning_stands(api_client, proj, model
     idle = api_client.get(f"/api/v1/reservations/{r.public_id}/idle/").json()["idle"]
     assert idle["state"] == "warned" and idle["idle_minutes"] == 30 and idle["threshold_percent"] == "5.00"
     assert idle["cut_ends_at"].startswith((t0 + 45 * MIN).strftime("%Y-%m-%dT%H:%M"))
+
+
+def test_operators_set_the_thresholds_together_through_the_quota_api(api_client, proj):  # type: ignore[no-untyped-def]
+    from tests.factories import OperatorFactory
+
+    api_client.force_authenticate(OperatorFactory())
+    url = f"/api/v1/ledger/quotas/{proj.slug}/"
+    half = api_client.patch(url, {"idle_util_percent": "5"}, format="json")
+    assert half.status_code == 400, half.content
+    assert "idle_util_percent" in half.json()["error"]["fields"]
+    bad = api_client.patch(url, {"idle_util_percent": "5", "idle_minutes": 1, "idle_grace_minutes": 15}, format="json")
+    assert bad.status_code == 400 and "idle_minutes" in bad.json()["error"]["fields"]
+    ok = api_client.patch(url, {"idle_util_percent": "5", "idle_minutes": 30, "idle_grace_minutes": 15}, format="json")
+    assert ok.status_code == 200, ok.content
+    assert (ok.json()["idle_util_percent"], ok.json()["idle_minutes"], ok.json()["idle_grace_minutes"]) == (
+        "5.00",
+        30,
+        15,
+    )
+    off = api_client.patch(
+        url, {"idle_util_percent": None, "idle_minutes": None, "idle_grace_minutes": None}, format="json"
+    )
+    assert off.status_code == 200 and off.json()["idle_minutes"] is None

@@ -65,6 +65,16 @@ class QuotaPolicySerializer(serializers.ModelSerializer):
         read_only_fields = ["project", "period", "updated_at", "updated_by"]
         extra_kwargs = {"max_concurrent_gpus": {"min_value": 0}}
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The idle threshold is three fields or none (QuotaPolicy.clean); a PATCH is judged with what it keeps.
+        names = ("idle_util_percent", "idle_minutes", "idle_grace_minutes")
+        merged = [attrs[n] if n in attrs else getattr(self.instance, n, None) for n in names]
+        if any(v is not None for v in merged) and any(v is None for v in merged):
+            raise serializers.ValidationError(
+                {"idle_util_percent": ["Set idle_util_percent, idle_minutes and idle_grace_minutes together."]}
+            )
+        return attrs
+
 
 def _amount(minimum: Decimal, help_text: str) -> serializers.DecimalField:
     # The bounds are the ledger's (its services enforce them, with the project's totals); here they refuse
