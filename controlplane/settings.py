@@ -304,6 +304,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "dispatch-close-due": {"task": "controlplane.dispatch.tasks.close_due", "schedule": 1.0},
     # Accounting: hourly rollups of the minute telemetry, usage records of final reservations, statements.
     "accounting-rollup-usage-hours": {"task": "controlplane.accounting.tasks.rollup_usage_hours", "schedule": 120.0},
+    "accounting-reclaim-idle": {"task": "controlplane.accounting.tasks.reclaim_idle", "schedule": 60.0},
     "accounting-record-pending-usage": {"task": "controlplane.accounting.tasks.record_pending_usage", "schedule": 60.0},
     "accounting-monthly-statements": {
         "task": "controlplane.accounting.tasks.generate_monthly_statements",

@@ -61,6 +61,7 @@ for command in (
     reservations.list_reservations,
     reservations.show,
     reservations.extend,
+    reservations.keep,
     reservations.cancel,
     logs.logs,
     ssh.ssh,

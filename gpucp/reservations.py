@@ -1,4 +1,4 @@
-"""``gpucp gpus``, ``book``, ``ls``, ``show``, ``extend`` and ``cancel``: reservations through the public API."""
+"""``gpucp gpus``, ``book``, ``ls``, ``show``, ``extend``, ``keep`` and ``cancel``: reservations via the API."""
 
 from __future__ import annotations
 
@@ -385,6 +385,22 @@ def extend(state: State, reservation_id: uuid.UUID, hours: float, reason: str) -
         return
     click.echo(f"Extended to {when(detail['ends_at'], utc=state.utc)}:")
     _summary(detail, state)
+
+
+@click.command()
+@click.argument("reservation_id", metavar="ID", type=click.UUID)
+@pass_state
+def keep(state: State, reservation_id: uuid.UUID) -> None:
+    """Keep a reservation an idle warning cut short.
+
+    Its booked end comes back (if nobody booked the freed GPUs meanwhile), and it is not reclaimed again.
+    """
+    api = state.api()
+    detail = api.post(path("reservations", reservation_id, "keep"), {})
+    if state.json:
+        emit_json(detail)
+        return
+    click.echo(f"Kept {detail['id']}: it runs to {when(detail['ends_at'], utc=state.utc)} again.")
 
 
 @click.command()

@@ -726,3 +726,20 @@ ROWS.extend(
         row("POST", WEBHOOK + "rotate-secret/", body={"overlap_s": 60}, **OWNERS_WRITE),
     ]
 )
+
+
+# --- Idle reclamation (docs/efficiency.md, "Idle reclamation") ---------------------------------------------
+def _idle_refs(world: World) -> dict[str, object]:
+    """A running reservation of atlas that sat idle for its policy's 30 minutes and was just warned."""
+    from controlplane.inventory.models import GpuModel
+    from tests.accounting.helpers import idle_warned
+
+    idle = idle_warned(world.project, GpuModel.objects.get(name="H100-80GB"), actor=world.users["owner"])
+    return {"idle": idle.public_id}
+
+
+REF_BUILDERS.append(_idle_refs)
+VISIBLE_TO["idle"] = MEMBERS_OF_ATLAS
+MISSING["idle"] = "00000000-0000-4000-8000-000000000002"
+ROWS.append(row("POST", "/api/v1/reservations/{idle}/keep/", **BOOKERS_WRITE))
+ROWS.append(row("GET", "/api/v1/reservations/{idle}/idle/", **MEMBERS_READ))

@@ -27,3 +27,11 @@ class Period(models.TextChoices):
     DAY = "day", "Day"
     WEEK = "week", "Week"
     MONTH = "month", "Month"
+
+
+class IdleState(models.TextChoices):
+    """Where an idle reclamation stands (docs/efficiency.md, "Idle reclamation")."""
+
+    WARNED = "warned", "Warned: cut to end after the grace unless kept"
+    KEPT = "kept", "Kept: the booked end was restored"
+    RECLAIMED = "reclaimed", "Reclaimed: the GPUs were released at the cut end"

@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.accounting.choices import IdleState
 from controlplane.accounts.models import Project
 from controlplane.inventory.models import Gpu, GpuModel
 from controlplane.reservations.models import Reservation
@@ -199,3 +200,38 @@ class MonthlyStatement(models.Model):
 
     def __str__(self) -> str:
         return f"statement {self.project_id} {self.period_key}"
+
+
+class IdleReclamation(models.Model):
+    """A running reservation found idle and cut to end after a grace (docs/efficiency.md, "Idle reclamation").
+
+    One per reservation (the unique key makes the reclaimer idempotent): a kept reservation is never reclaimed
+    again in its window. ``booked_ends_at`` is the end before the cut, what "keep it" restores; the GPU-hours
+    reclaimed are ``gpu_count`` x (``booked_ends_at`` - ``cut_ends_at``) once the cut end has passed unkept.
+    """
+
+    reservation = models.OneToOneField(Reservation, on_delete=models.CASCADE, related_name="idle_reclamation")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="+")
+    state = models.CharField(max_length=16, choices=IdleState.choices, default=IdleState.WARNED)
+    warned_at = models.DateTimeField()
+    util_percent = models.FloatField(help_text="The highest GPU's mean utilization over the idle span.")
+    threshold_percent = models.DecimalField(max_digits=5, decimal_places=2)
+    idle_minutes = models.PositiveIntegerField()
+    booked_ends_at = models.DateTimeField()
+    cut_ends_at = models.DateTimeField()
+    gpu_count = models.PositiveIntegerField()
+    kept_at = models.DateTimeField(null=True, blank=True)
+    kept_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    reclaimed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["project", "state", "cut_ends_at"], name="idle_reclaim_project_state")]
+
+    def __str__(self) -> str:
+        return f"idle {self.reservation_id}: {self.state}"
+
+    @property
+    def reclaimed_gpu_hours(self) -> float:
+        return self.gpu_count * max(0.0, (self.booked_ends_at - self.cut_ends_at).total_seconds()) / 3600.0

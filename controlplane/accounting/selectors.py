@@ -152,6 +152,8 @@ class Report:
     total: ReportRow
     storage: StorageLine = field(default_factory=StorageLine)
     final_until: datetime | None = None
+    # Idle reclamation (docs/efficiency.md): GPU-hours released unkept after an idle warning, per project slug.
+    reclaimed: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +168,8 @@ class Report:
             "storage": self.storage.as_dict(),
             # GPU credits (totals.credits) and storage credits together: what the range cost the project.
             "total_credits": (self.total.credits + self.storage.credits).quantize(Decimal("0.0001")),
+            "reclaimed_gpu_hours": round(sum(self.reclaimed.values()), 4),
+            "reclaimed_by_project": {slug: round(hours, 4) for slug, hours in sorted(self.reclaimed.items())},
         }
 
 
@@ -437,7 +441,16 @@ def _report(
         total=total,
         storage=storage,
         final_until=mark,
+        reclaimed=_reclaimed(project=project, start=start, end=end),
     )
+
+
+def _reclaimed(*, project: Project | None, start: datetime, end: datetime) -> dict[str, float]:
+    from controlplane.accounting.reclaim import reclaimed_gpu_hours
+
+    by_id = reclaimed_gpu_hours(project_ids=None if project is None else [project.pk], start=start, end=end)
+    slugs = dict(Project.objects.filter(pk__in=list(by_id)).values_list("pk", "slug")) if by_id else {}
+    return {slugs[pk]: hours for pk, hours in by_id.items()}
 
 
 def project_report(

@@ -27,6 +27,8 @@ def report_csv(
     total: dict[str, Any] | None = None,
     storage: dict[str, Any] | None = None,
     total_credits: Any = None,
+    *,
+    reclaimed_gpu_hours: float | None = None,
 ) -> str:
     """The report's rows (and its total line) as CSV, in the columns of ``COLUMNS``; after them, when the range
     had storage charges, a line for the volumes' storage and one for the credits of both."""
@@ -38,6 +40,10 @@ def report_csv(
         label = f"Storage ({storage['gib_hours']} GiB-hours)"
         extra.append({"key": "storage", "label": label, "credits": storage["credits"]})
         extra.append({"key": "total_with_storage", "label": "Total with storage", "credits": total_credits})
+    if reclaimed_gpu_hours:
+        # Idle reclamation (docs/efficiency.md): the GPU-hours given back, beside what was booked and used.
+        label = f"Idle reclaimed ({reclaimed_gpu_hours} GPU-hours)"
+        extra.append({"key": "idle_reclaimed", "label": label})
     for row in [*rows, *([total] if total else []), *extra]:
         values = []
         for name in COLUMNS:

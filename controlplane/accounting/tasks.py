@@ -28,3 +28,10 @@ def rollup_usage_hours() -> int:
 @shared_task(name="controlplane.accounting.tasks.generate_monthly_statements", ignore_result=True)
 def generate_monthly_statements() -> int:
     return statements.statements_generate_due()
+
+
+@shared_task(name="controlplane.accounting.tasks.reclaim_idle", ignore_result=True)
+def reclaim_idle() -> int:
+    from controlplane.accounting import reclaim
+
+    return reclaim.idle_reclaim_pass()

@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -50,6 +51,22 @@ class QuotaPolicy(models.Model):
         validators=[MinValueValidator(Decimal("0.0001")), MaxValueValidator(CREDIT_LIMIT)],
     )
     budget_action = models.CharField(max_length=16, choices=BudgetAction.choices, default=BudgetAction.REFUSE)
+    # Idle reclamation (docs/efficiency.md, "Idle reclamation"): a running reservation whose every GPU stays
+    # under ``idle_util_percent`` for ``idle_minutes`` is warned and cut to end ``idle_grace_minutes`` later
+    # unless kept. Any of the three null: reclamation is off for this project.
+    idle_util_percent = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(Decimal("100"))],
+    )
+    idle_minutes = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(5), MaxValueValidator(1440)]
+    )
+    idle_grace_minutes = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1440)]
+    )
     updated_at = models.DateTimeField(default=timezone.now)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
@@ -60,6 +77,14 @@ class QuotaPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"quota of {self.project}"
+
+    def clean(self) -> None:
+        idle = (self.idle_util_percent, self.idle_minutes, self.idle_grace_minutes)
+        if any(v is not None for v in idle) and any(v is None for v in idle):
+            # Half a threshold would read as "on" to a person and "off" to the reclaimer: refuse it.
+            raise ValidationError(
+                {"idle_util_percent": ["Set idle_util_percent, idle_minutes and idle_grace_minutes together."]}
+            )
 
 
 class AppendOnlyError(Exception):

@@ -284,6 +284,9 @@ def quota_policy_set(
     max_reservation_hours: Decimal | None = None,
     budget_credits: Decimal | None = None,
     budget_action: str | None = None,
+    idle_util_percent: Decimal | None = None,
+    idle_minutes: int | None = None,
+    idle_grace_minutes: int | None = None,
     fields: set[str] | None = None,
 ) -> QuotaPolicy:
     """Create or change a project's policy. ``fields`` names what to change (all of them when None)."""
@@ -295,6 +298,9 @@ def quota_policy_set(
         "max_reservation_hours": max_reservation_hours,
         "budget_credits": budget_credits,
         "budget_action": budget_action,
+        "idle_util_percent": idle_util_percent,
+        "idle_minutes": idle_minutes,
+        "idle_grace_minutes": idle_grace_minutes,
     }
     for name in fields if fields is not None else set(values):
         if name in ("credits_per_period", "budget_action") and values[name] is None:

@@ -257,3 +257,13 @@ def on_budget_alert(alert: Any) -> None:
         budget=str(alert.budget),
         at=alert.at,
     )
+
+
+def on_idle_warning(reclamation: Any) -> None:
+    """Idle reclamation's listener (after the warning commits): the people are told, once per warning."""
+    emit_idle_warning(
+        reservation=reclamation.reservation,
+        idle_minutes=float(reclamation.idle_minutes),
+        threshold_percent=float(reclamation.threshold_percent),
+        at=reclamation.warned_at,
+    )

@@ -814,3 +814,23 @@ def reservation_finish(
     hooks.finished(current)
     reservation.state = to
     return True
+
+
+@retry_on_transient
+def reservation_withdraw_yield(
+    *, reservation: Reservation, ends_at: datetime, actor: Any, reason: str, now: datetime | None = None
+) -> Reservation:
+    """Undo a cut made by reservation_yield with no winner (an idle reclamation kept by its people): the end
+    goes back to ``ends_at`` through reservation_extend (so it is refused, Conflict ``gpu_taken``, when
+    someone booked the freed GPUs meanwhile, and the quota is asked again), and the yield's notice and
+    reason are cleared so the container gets the ordinary end-of-window notice again."""
+    now = now or timezone.now()
+    current = _locked(reservation)
+    if current.yield_notice_seconds is None or current.preempted_by_id is not None:
+        # A preemption's cut belongs to its winner, who booked the GPUs from then: never withdrawn.
+        raise Conflict("The reservation has no cut that can be withdrawn.", code="nothing_to_keep")
+    extended = reservation_extend(reservation=current, ends_at=ends_at, actor=actor, reason=reason, now=now)
+    # In the extension's transaction: dispatch reads the reservation when it pushes, after the commit.
+    Reservation.objects.filter(pk=current.pk).update(yield_notice_seconds=None, yield_reason="", updated_at=now)
+    extended.refresh_from_db()
+    return extended

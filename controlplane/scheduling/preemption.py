@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from controlplane.reservations.models import Reservation
 from controlplane.reservations.preemption import earliest_preempting_start
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import QueuedRequest
@@ -50,8 +51,8 @@ def start_by_preempting(
 
 
 def on_reservation_yielded(reservation: Any, by: Any, at: datetime) -> None:
-    """A queued request's reservation was cut short: record it on the request, and queue it again when it
-    asked for ``requeue``."""
+    """A queued request's reservation was cut short: record it on the request, and, when a winner preempted it
+    and it asked for ``requeue``, queue it again."""
     from django.db import transaction
 
     from controlplane.scheduling.services import _event, trigger_pass
@@ -64,7 +65,20 @@ def on_reservation_yielded(reservation: Any, by: Any, at: datetime) -> None:
     if request is None:
         return
     now = at
-    winner = f"reservation {by.public_id}" if by is not None else "an operator"
+    if by is None:
+        why = Reservation.objects.filter(pk=reservation.pk).values_list("yield_reason", flat=True).first()
+        # A cut with no winner (idle reclamation, an operator) is not a preemption: the job gave up its GPUs by
+        # being idle, or was told to, so it is not queued again.
+        _event(
+            request,
+            from_state=request.state,
+            to_state=request.state,
+            actor=None,
+            reason=f"its reservation {reservation.public_id} was cut short: {why or 'no reason'}",
+            at=now,
+        )
+        return
+    winner = f"reservation {by.public_id}"
     if not request.requeue:
         _event(
             request,

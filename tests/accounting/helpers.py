@@ -110,3 +110,38 @@ def telemetry(
             )
         )
     GpuTelemetryMinute.objects.bulk_create(rows)
+
+
+def idle_warned(project: Any, model: Any, *, actor: Any = None, count: int = 1, warn: bool = True) -> Reservation:
+    """A reservation of ``project`` running since half an hour ago, idle all along (simulated telemetry at 0 %),
+    with a policy of 5 % for 30 minutes and a 15-minute grace: the reclaimer has just warned it (``warn``)."""
+    from django.utils import timezone
+
+    from controlplane.accounting.reclaim import idle_reclaim_pass
+    from controlplane.ledger.services import quota_policy_set
+    from controlplane.reservations.services import reservation_mark
+
+    quota_policy_set(
+        project=project,
+        actor=None,
+        idle_util_percent=Decimal("5"),
+        idle_minutes=30,
+        idle_grace_minutes=15,
+        fields={"idle_util_percent", "idle_minutes", "idle_grace_minutes"},
+    )
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
+    reservation = book(project, model, start, start + timedelta(hours=3), count=count, actor=actor, name="idle")
+    reservation_mark(
+        reservation=reservation,
+        from_states=[ReservationState.SCHEDULED],
+        to=ReservationState.RUNNING,
+        actor_label="system:test",
+        reason="started",
+        at=start,
+    )
+    for gpu_id in reservation.allocations.values_list("gpu_id", flat=True):
+        telemetry(gpu_id, start, 30, util=0.0)
+    if warn:
+        assert idle_reclaim_pass(now=start + timedelta(minutes=30)) >= 1
+    reservation.refresh_from_db()
+    return reservation

@@ -168,6 +168,28 @@ def test_a_requeue_request_goes_back_into_the_queue_when_preempted(h100):
 # -- the API ------------------------------------------------------------------------------------------------
 
 
+def test_a_cut_with_no_winner_never_requeues(h100):
+    # Idle reclamation (or an operator) cuts a window with ``by=None``: not a preemption, so the job, idle or told
+    # to stop, is not queued again; its request records why.
+    now = timezone.now()
+    low = submit(project(), spec(h100, count=2), priority="preemptible", requeue=True, hours=3, now=now)
+    services.schedule_pass(now=now)
+    victim = started(low)
+    Reservation.objects.filter(pk=victim.pk).update(state=ReservationState.RUNNING)
+    booking.reservation_yield(
+        reservation=victim,
+        end_at=now + timedelta(minutes=15),
+        notice_seconds=600,
+        reason="idle: mean utilization 1% < 5% for 30 min",
+        by=None,
+        actor=None,
+        now=now,
+    )
+    assert not QueuedRequest.objects.filter(requeued_from=low).exists()
+    low.refresh_from_db()
+    assert "was cut short: idle: mean utilization 1%" in low.events.order_by("-pk").first().reason
+
+
 def test_the_api_shows_requeue_and_the_preemption_on_both_sides(api_client, h100):
     owner = UserFactory()
     proj = project(owner=owner)

@@ -21,7 +21,13 @@ class ReportCSVRenderer(BaseRenderer):
         if isinstance(data, dict) and "projects" in data and "fleet" in data and "error" not in data:
             return ranking_csv(data).encode()  # the operator's ranking
         if isinstance(data, dict) and "rows" in data and "error" not in data:
-            return report_csv(data["rows"], data.get("totals"), data.get("storage"), data.get("total_credits")).encode()
+            return report_csv(
+                data["rows"],
+                data.get("totals"),
+                data.get("storage"),
+                data.get("total_credits"),
+                reclaimed_gpu_hours=data.get("reclaimed_gpu_hours"),
+            ).encode()
         if isinstance(data, list):
             return report_csv(data).encode()
         import json

@@ -138,6 +138,12 @@ class ReportSerializer(serializers.Serializer):
     total_credits = serializers.DecimalField(
         max_digits=16, decimal_places=4, help_text="totals.credits (GPUs) plus storage.credits."
     )
+    reclaimed_gpu_hours = serializers.FloatField(
+        help_text="GPU-hours released by idle reclamation (cut ends in the range, not kept)."
+    )
+    reclaimed_by_project = serializers.DictField(
+        child=serializers.FloatField(), help_text="The same per project slug (the fleet report lists every project)."
+    )
 
 
 class TimeseriesPointSerializer(serializers.Serializer):

@@ -1,6 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from controlplane.accounting.api.reclaim import ReservationIdleView, ReservationKeepView
 from controlplane.accounting.api.telemetry import ReservationTelemetryView
 from controlplane.accounting.api.views import (
     EfficiencyRankingView,
@@ -29,5 +30,7 @@ urlpatterns = [
     ),
     path("usage/timeseries", TimeseriesView.as_view(), name="usage-timeseries"),
     path("reservations/<uuid:id>/telemetry/", ReservationTelemetryView.as_view(), name="reservation-telemetry"),
+    path("reservations/<uuid:id>/keep/", ReservationKeepView.as_view(), name="reservation-keep"),
+    path("reservations/<uuid:id>/idle/", ReservationIdleView.as_view(), name="reservation-idle"),
     *router.urls,
 ]

@@ -58,6 +58,9 @@ class QuotaPolicySerializer(serializers.ModelSerializer):
             "max_reservation_hours",
             "budget_credits",
             "budget_action",
+            "idle_util_percent",
+            "idle_minutes",
+            "idle_grace_minutes",
             "updated_at",
             "updated_by",
         ]
@@ -69,6 +72,16 @@ class QuotaPolicySerializer(serializers.ModelSerializer):
             },
             "budget_action": {"help_text": "Past the budget: refuse the booking (409 budget_exceeded) or warn."},
         }
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The idle threshold is three fields or none (QuotaPolicy.clean); a PATCH is judged with what it keeps.
+        names = ("idle_util_percent", "idle_minutes", "idle_grace_minutes")
+        merged = [attrs[n] if n in attrs else getattr(self.instance, n, None) for n in names]
+        if any(v is not None for v in merged) and any(v is None for v in merged):
+            raise serializers.ValidationError(
+                {"idle_util_percent": ["Set idle_util_percent, idle_minutes and idle_grace_minutes together."]}
+            )
+        return attrs
 
 
 class BudgetAlertSerializer(serializers.ModelSerializer):

@@ -111,6 +111,9 @@ class QuotaPolicyViewSet(
             max_reservation_hours=data.get("max_reservation_hours"),
             budget_credits=data.get("budget_credits"),
             budget_action=data.get("budget_action"),
+            idle_util_percent=data.get("idle_util_percent"),
+            idle_minutes=data.get("idle_minutes"),
+            idle_grace_minutes=data.get("idle_grace_minutes"),
             fields=set(data),
         )
 

@@ -418,3 +418,18 @@ export interface OutboxEmail {
   created_at: string;
   sent_at: string | null;
 }
+
+/** GET reservations/{id}/idle/: the reservation's idle reclamation, if it was ever found idle. */
+export interface IdleReclamation {
+  state: "warned" | "kept" | "reclaimed";
+  warned_at: string;
+  util_percent: number;
+  threshold_percent: string;
+  idle_minutes: number;
+  booked_ends_at: string;
+  cut_ends_at: string;
+  kept_at: string | null;
+  kept_by: string | null;
+  reclaimed_at: string | null;
+  reclaimed_gpu_hours: number;
+}

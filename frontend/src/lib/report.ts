@@ -27,6 +27,9 @@ export interface UsageReport {
   group_by: string;
   rows: UsageRow[];
   totals: UsageRow;
+  /** GPU-hours released by idle reclamation in the range (absent from servers before it existed). */
+  reclaimed_gpu_hours?: number;
+  reclaimed_by_project?: Record<string, number>;
 }
 
 export interface UsagePoint {

@@ -120,6 +120,11 @@ export function AccountingPage() {
                   </Table.Tbody>
                 </ResponsiveTable>
               </QueryState>
+              {usage.data && (
+                <Text size="sm" mt="xs" data-testid="accounting-reclaimed">
+                  Reclaimed from idle reservations this month: {(usage.data.reclaimed_gpu_hours ?? 0).toFixed(2)} GPU-h
+                </Text>
+              )}
             </Card>
           </SimpleGrid>
 

@@ -27,6 +27,7 @@ import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { ConnectPanel } from "../components/ConnectPanel";
 import { LogPanel } from "../components/LogPanel";
+import { IdleBanner } from "../components/IdleBanner";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
 import {
@@ -112,6 +113,8 @@ function ReservationView({ r }: { r: ReservationDetail }) {
         </div>
         <Actions r={r} />
       </Group>
+
+      <IdleBanner r={r} />
 
       <CostPanel r={r} />
 
