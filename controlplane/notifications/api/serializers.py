@@ -60,7 +60,11 @@ class UnreadCountSerializer(serializers.Serializer):
 
 class MarkReadSerializer(serializers.Serializer):
     ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=1), required=False, max_length=1000, help_text="Omit for all."
+        # Ids are 64-bit: a larger number is a 400 naming the field, not a database overflow.
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
+        required=False,
+        max_length=1000,
+        help_text="Omit for all.",
     )
 
 
