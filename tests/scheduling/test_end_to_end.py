@@ -113,3 +113,43 @@ def test_a_preempted_job_is_warned_stopped_charged_for_what_ran_and_requeued(age
     assert resumed is not None
     wait_for(lambda: state_of(resumed) == ReservationState.RUNNING, timeout=30, what="the requeued job running")
     reservations.reservation_release(reservation=resumed, actor=None, reason="test over")
+
+
+@override_settings(DISPATCH_WARN_BEFORE_S=0, DISPATCH_STOP_GRACE_S=2)
+def test_a_queued_request_starts_within_seconds_of_capacity_freeing(agent_node, docker_client):  # noqa: F811
+    # No pass is run by hand here: the release's `finished` hook asks for one (Celery is eager), as in production
+    # the worker does the moment the release commits, without waiting for the beat.
+    proj = project()
+    now = timezone.now()
+    holder = reservations.reservation_create(
+        project=proj,
+        name="holder",
+        spec=SPEC,
+        window=Window(now, now + timedelta(minutes=10)),
+        container=ContainerSpec(image=DEFAULT_TAG, command=JOB),
+        actor=None,
+        now=now,
+    )
+    queued = scheduling.request_submit(
+        project=proj,
+        name="next",
+        spec=SPEC,
+        container=ContainerSpec(image=DEFAULT_TAG, command=JOB),
+        duration=timedelta(minutes=10),
+        start_by=None,
+        priority_class=PriorityClass.objects.get(name="normal"),
+        actor=None,
+    )
+    assert QueuedRequest.objects.get(pk=queued.pk).state == RequestState.QUEUED  # every GPU is held
+    wait_for(lambda: state_of(holder) == ReservationState.RUNNING, timeout=30, what="the holder running")
+
+    freed = timezone.now()
+    reservations.reservation_release(reservation=holder, actor=None, reason="done early")
+    wait_for(lambda: QueuedRequest.objects.get(pk=queued.pk).state == RequestState.STARTED, timeout=5, what="the start")
+    request = QueuedRequest.objects.get(pk=queued.pk)
+    assert request.started_at is not None and (request.started_at - freed).total_seconds() < 5
+    started = request.reservation
+    assert started is not None
+    # Its container runs once the holder's has stopped (the agent never binds a GPU twice).
+    wait_for(lambda: state_of(started) == ReservationState.RUNNING, timeout=30, what="the queued job running")
+    reservations.reservation_release(reservation=started, actor=None, reason="test over")
