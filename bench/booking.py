@@ -403,6 +403,8 @@ def main() -> None:
             parser.error("--sweep: comma-separated numbers of servers, e.g. 64,1000,10000")
     if not sizes or min(sizes) < 1:
         parser.error("fleet sizes must be at least 1 server")
+    if args.ab and args.service_clients != 1:
+        parser.error("--ab alternates the read for the whole process: one service thread (--service-clients 1)")
 
     url, env = django_on_fresh_database("booking", DEFAULT_URL, API_THROTTLE_USER="10000000/min")
     from django.contrib.auth import get_user_model
