@@ -9,7 +9,7 @@ dropped and created afresh on every run, as ledger entries cannot be deleted.
 
 Each fleet size, smallest first, gets its own GPU model and servers of 8 GPUs, holding
 ``--allocations-per-gpu`` future allocations per GPU over the next 30 days (1.25: 100,000 on 10,000
-servers), loaded with bulk inserts in big batches. On it, bookings of random windows over the next 30 days
+servers), loaded with COPY (``copy_in``). On it, bookings of random windows over the next 30 days
 (1, 2, 4 or 8 GPUs): by calling services.reservation_create (the service; one thread unless
 ``--service-clients``, so that its figures are a booking's cost), then from ``--clients`` threads, each
 with its own project, over POST /api/v1/reservations/ (gunicorn, threaded workers, keep-alive sessions:
@@ -32,12 +32,36 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from _common import django_on_fresh_database, http_floor, pct, run_threads, start_gunicorn
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
 GPUS_PER_SERVER = 8
 SIZES = (64, 1000, 10_000)
+
+
+def copy_in(model: type, objs: list[Any]) -> list[int]:
+    """Writes ``objs`` (unsaved instances of ``model``) with one COPY and returns their ids, in order.
+
+    The ids are drawn from the table's sequence first, so each row's id is known without reading it back;
+    every value goes through its field's own conversion, as a save would (``pre_save`` fills defaults such
+    as a creation time). Triggers run as for INSERTs: the capacity summary stays exact."""
+    from django.db import connection
+
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    table = model._meta.db_table
+    columns = ", ".join(connection.ops.quote_name(c) for c in ["id", *(f.column for f in fields)])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, len(objs)]
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        raw = cursor.cursor  # psycopg's own cursor, for its COPY
+        with raw.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for pk, obj in zip(ids, objs, strict=True):
+                copy.write_row([pk, *(f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields)])
+    return ids
 
 
 def build_fleet(model_name: str, servers: int, prefix: str) -> list[int]:
@@ -48,9 +72,9 @@ def build_fleet(model_name: str, servers: int, prefix: str) -> list[int]:
     model = GpuModel.objects.create(
         name=model_name, product_name=f"NVIDIA {model_name}", memory_mib=81920, billing_weight=1
     )
-    rows = Server.objects.bulk_create(
-        (Server(hostname=f"{prefix}-{i:05d}", state=ServerState.READY) for i in range(servers)), batch_size=5000
-    )
+    rows = [Server(hostname=f"{prefix}-{i:05d}", state=ServerState.READY) for i in range(servers)]
+    for srv, pk in zip(rows, copy_in(Server, rows), strict=True):
+        srv.pk = pk
     half = GPUS_PER_SERVER // 2
     gpu_rows = []
     for srv in rows:
@@ -69,13 +93,12 @@ def build_fleet(model_name: str, servers: int, prefix: str) -> list[int]:
                     nvlink_peers=[uuids[p] for p in side if p != g],
                 )
             )
-    Gpu.objects.bulk_create(gpu_rows, batch_size=10_000)
-    return list(Gpu.objects.filter(model=model).values_list("pk", flat=True))
+    return copy_in(Gpu, gpu_rows)
 
 
 def fill_allocations(project_id: int, model_name: str, gpu_ids: list[int], total: int, seed: int) -> int:
     """``total`` future allocations spread over the GPUs and the next 30 days, never overlapping on one GPU
-    (1 to 12 hours each), each with its reservation, in big bulk inserts."""
+    (1 to 12 hours each), each with its reservation, with COPY."""
     from django.db import transaction
 
     from controlplane.inventory.models import GpuModel
@@ -96,28 +119,26 @@ def fill_allocations(project_id: int, model_name: str, gpu_ids: list[int], total
             start = now + timedelta(minutes=j * stride + rng.randint(0, max(0, stride - 12 * 60)))
             spans.append((gpu_id, start, start + timedelta(minutes=rng.randint(60, min(12 * 60, stride)))))
     with transaction.atomic():
-        reservations = Reservation.objects.bulk_create(
-            (
-                Reservation(
-                    project_id=project_id,
-                    name="filler",
-                    gpu_model=model,
-                    gpu_count=1,
-                    starts_at=a,
-                    ends_at=b,
-                    image="filler",
-                    state=ReservationState.SCHEDULED,
-                )
-                for _, a, b in spans
-            ),
-            batch_size=10_000,
-        )
-        Allocation.objects.bulk_create(
-            (
-                Allocation(reservation=r, gpu_id=g, starts_at=a, ends_at=b)
-                for r, (g, a, b) in zip(reservations, spans, strict=True)
-            ),
-            batch_size=10_000,
+        reservations = [
+            Reservation(
+                project_id=project_id,
+                name="filler",
+                gpu_model=model,
+                gpu_count=1,
+                starts_at=a,
+                ends_at=b,
+                image="filler",
+                state=ReservationState.SCHEDULED,
+            )
+            for _, a, b in spans
+        ]
+        reservation_ids = copy_in(Reservation, reservations)
+        copy_in(
+            Allocation,
+            [
+                Allocation(reservation_id=r, gpu_id=g, starts_at=a, ends_at=b)
+                for r, (g, a, b) in zip(reservation_ids, spans, strict=True)
+            ],
         )
     return len(spans)
 
@@ -150,11 +171,18 @@ def phase_service(args: argparse.Namespace, model_name: str, project_ids: list[i
     from controlplane.accounts.models import Project
     from controlplane.core.errors import Conflict
     from controlplane.inventory.models import GpuModel
+    from controlplane.reservations import selectors
     from controlplane.reservations.services import reservation_create
     from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
     model_id = GpuModel.objects.get(name=model_name).pk
     user = get_user_model().objects.get(pk=user_id)
+    summary_read = selectors._fitting_from_summary
+
+    def no_summary(*args: Any) -> None:
+        return None
+
+    ab: dict[str, Any] | None = {"summary": False, "with": [], "without": []} if args.ab else None
     latencies: list[float] = []
     counts = {"created": 0, "conflict": 0, "errors": 0}
     lock = threading.Lock()
@@ -168,6 +196,10 @@ def phase_service(args: argparse.Namespace, model_name: str, project_ids: list[i
         mine_counts = {"created": 0, "conflict": 0, "errors": 0}
         try:
             while time.monotonic() < deadline:
+                if ab is not None:
+                    # A/B in one run: every other booking reads the GPUs rather than the capacity summary.
+                    ab["summary"] = not ab["summary"]
+                    selectors._fitting_from_summary = summary_read if ab["summary"] else no_summary
                 start, end = _window(rng)
                 spec = GpuSpec(gpu_model_id=model_id, gpu_count=rng.choice([1, 2, 4, 8]))
                 t0 = time.perf_counter()
@@ -188,6 +220,8 @@ def phase_service(args: argparse.Namespace, model_name: str, project_ids: list[i
                     if mine_counts["errors"] <= 2:
                         print("error", type(exc).__name__, str(exc)[:300], file=sys.stderr)
                 mine.append(time.perf_counter() - t0)
+                if ab is not None:
+                    ab["with" if ab["summary"] else "without"].append(mine[-1])
         finally:
             connection.close()
         with lock:
@@ -196,7 +230,11 @@ def phase_service(args: argparse.Namespace, model_name: str, project_ids: list[i
                 counts[key] += value
 
     elapsed = run_threads(client, [(i,) for i in range(args.service_clients)])
-    return _summary(latencies, counts, elapsed)
+    selectors._fitting_from_summary = summary_read
+    out = _summary(latencies, counts, elapsed)
+    if ab is not None:
+        out["ab_with"], out["ab_without"] = (1000 * pct(ab[k], 0.5) for k in ("with", "without"))
+    return out
 
 
 def phase_http(
@@ -347,6 +385,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (2 to 4 on 2 cores)")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
     parser.add_argument("--searches", type=int, default=40)
+    parser.add_argument(
+        "--ab",
+        action="store_true",
+        help="service bookings alternate between the capacity summary's read and the GPUs' (one thread only)",
+    )
     parser.add_argument("--allocations-per-gpu", type=float, default=1.25, help="future allocations per GPU")
     args = parser.parse_args()
     if args.servers is not None:
@@ -360,6 +403,8 @@ def main() -> None:
             parser.error("--sweep: comma-separated numbers of servers, e.g. 64,1000,10000")
     if not sizes or min(sizes) < 1:
         parser.error("fleet sizes must be at least 1 server")
+    if args.ab and args.service_clients != 1:
+        parser.error("--ab alternates the read for the whole process: one service thread (--service-clients 1)")
 
     url, env = django_on_fresh_database("booking", DEFAULT_URL, API_THROTTLE_USER="10000000/min")
     from django.contrib.auth import get_user_model
@@ -438,6 +483,12 @@ def main() -> None:
             f"{n:,} servers: service 409s {service['conflict']:,.0f}, errors {service['errors']:,.0f}; "
             f"HTTP 409s {http['conflict']:,.0f}, errors {http['errors']:,.0f}"
         )
+    if args.ab:
+        for n, _, _, service, _, _ in results:
+            print(
+                f"{n:,} servers, service p50 interleaved: with the summary {service['ab_with']:.1f} ms, reading the "
+                f"GPUs {service['ab_without']:.1f} ms (x{service['ab_with'] / service['ab_without']:.2f})"
+            )
     print(f"machine: {os.cpu_count()} CPUs, {load()}")
 
 
