@@ -436,6 +436,10 @@ class DesiredContainer(Strict):
     # "none": loopback only. "egress": the Docker network ``network_name`` the operator named for the project.
     network: Literal["none", "egress"] = Field(default="none", exclude_if=lambda value: value == "none")
     network_name: ShortText | None = Field(default=None, exclude_if=lambda value: value is None)
+    # Why the window ends early (a preemption, docs/runtime.md): written into the warning file as ``reason``.
+    notice_reason: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
     @model_validator(mode="after")
     def _egress_names_its_network(self) -> DesiredContainer:

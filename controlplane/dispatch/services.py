@@ -228,7 +228,13 @@ def _desired_container(
         gpu_uuids=list(launch.gpu_uuids),
         window_start=reservation.starts_at,
         window_end=reservation.ends_at,
-        warn_before_s=int(_setting("DISPATCH_WARN_BEFORE_S", 300)),
+        # A window cut short (reservations.services.reservation_yield) warns its own notice before the new end.
+        warn_before_s=(
+            reservation.yield_notice_seconds
+            if reservation.yield_notice_seconds is not None
+            else int(_setting("DISPATCH_WARN_BEFORE_S", 300))
+        ),
+        notice_reason=reservation.yield_reason or None,
         stop_grace_s=int(_setting("DISPATCH_STOP_GRACE_S", 30)),
         ssh_keys=ssh_keys or [],
         volumes=volumes,

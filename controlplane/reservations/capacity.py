@@ -70,8 +70,10 @@ def _earliest(spec: GpuSpec, window: Window, *, now: datetime) -> Window | None:
     return None if found is None else found[0]
 
 
-def no_capacity(spec: GpuSpec, window: Window, *, now: datetime) -> Conflict:
-    """The refusal for a booking that placement could not fill, saying why."""
+def no_capacity(spec: GpuSpec, window: Window, *, now: datetime, yields_at: datetime | None = None) -> Conflict:
+    """The refusal for a booking that placement could not fill, saying why. ``yields_at``: preemptible
+    reservations hold enough of the GPUs, and could yield them from then (their notice is longer than the
+    time to the window's start)."""
     asked = spec.whole_servers if spec.whole_servers is not None else spec.gpu_count or 1
     count, what = fleet_count(spec), _what(spec)
     field = "spec.whole_servers" if spec.whole_servers is not None else "spec.gpu_count"
@@ -98,7 +100,15 @@ def no_capacity(spec: GpuSpec, window: Window, *, now: datetime) -> Conflict:
     else:
         start = _AT.to_representation(earliest.starts_at)
         message += f" The earliest window of this length that fits starts at {start}."
-    return _conflict(message, "window", fleet, earliest)
+    if yields_at is not None:
+        message += (
+            " Preemptible reservations hold enough of them, and yield them with notice: a window starting at "
+            f"{_AT.to_representation(yields_at)} or later can take them."
+        )
+    conflict = _conflict(message, "window", fleet, earliest)
+    if yields_at is not None:
+        conflict.extra["preemptible_yield_at"] = _AT.to_representation(yields_at)
+    return conflict
 
 
 def _conflict(message: str, field: str, fleet: dict[str, int], earliest: Window | None) -> Conflict:

@@ -1,8 +1,9 @@
 """What a reservation costs: its rate, what it has used so far, and what the ledger charged once it ended.
 
-One rule for every figure: a GPU costs its model's billing weight in credits per hour it is held, from its
-allocation's start to its end, its release or now, whichever comes first. ``held_seconds`` and
-``held_credits`` are that rule; the ledger settles with them too when nothing was measured
+One rule for every figure: a GPU costs its model's billing weight times the reservation's
+``credit_multiplier`` (its queue class's: 1.5 for high, 0.5 for preemptible; ``rate``) in credits per hour
+it is held, from its allocation's start to its end, its release or now, whichever comes first.
+``held_seconds`` and ``held_credits`` are that rule; the ledger settles with them too when nothing was measured
 (``services._used_credits``), so what a running reservation shows is what it will be charged.
 """
 
@@ -24,6 +25,8 @@ from controlplane.reservations.models import Reservation
 
 SECONDS_PER_HOUR = Decimal(3600)
 _GPU_HOURS = Decimal("0.0001")
+_RATE = Decimal("0.0001")
+MULTIPLIER = Decimal("0.001")  # the places Reservation.credit_multiplier keeps
 
 # The annotation the list and detail querysets carry: the credits the ledger charged the reservation.
 CHARGED = "credits_charged_total"
@@ -47,6 +50,11 @@ def gpu_hours(seconds: float) -> Decimal:
     return (Decimal(str(seconds)) / SECONDS_PER_HOUR).quantize(Decimal("0.000001"))
 
 
+def rate(weight: Decimal, reservation: Any) -> Decimal:
+    """Credits per hour of one GPU of billing weight ``weight`` held by ``reservation``."""
+    return Decimal(weight) * Decimal(reservation.credit_multiplier)
+
+
 def held_seconds(allocation: Any, *, until: datetime) -> float:
     """How long an allocation's GPU has been held by ``until``: from its start to its end, its release or
     ``until``, whichever comes first (0 before its start)."""
@@ -54,9 +62,9 @@ def held_seconds(allocation: Any, *, until: datetime) -> float:
     return max(0.0, (end - allocation.starts_at).total_seconds())
 
 
-def held_credits(allocation: Any, *, until: datetime) -> Decimal:
-    """What holding the allocation's GPU has cost by ``until``: its model's billing weight per hour held."""
-    return Decimal(allocation.gpu.model.billing_weight) * gpu_hours(held_seconds(allocation, until=until))
+def held_credits(allocation: Any, *, until: datetime, reservation: Any) -> Decimal:
+    """What holding the allocation's GPU has cost ``reservation`` by ``until``: its ``rate`` per hour held."""
+    return rate(allocation.gpu.model.billing_weight, reservation) * gpu_hours(held_seconds(allocation, until=until))
 
 
 def _charged(reservation: Reservation) -> Decimal:
@@ -77,22 +85,23 @@ def _fmt(value: Decimal) -> str:
 def cost_for(reservation: Reservation, *, now: datetime | None = None) -> dict[str, Any]:
     """The ``cost`` object of a reservation's API answer (allocations with their GPU models loaded)."""
     now = now or timezone.now()
-    rate = Decimal(0)
+    total_rate = Decimal(0)
     used = Decimal(0)  # credits, unrounded
     gpu_seconds = 0.0
     longest = 0.0
     booked = Decimal(0)
     for a in reservation.allocations.all():
-        weight = a.gpu.model.billing_weight
-        rate += weight
+        per_hour = rate(a.gpu.model.billing_weight, reservation)
+        total_rate += per_hour
         seconds = held_seconds(a, until=now)
         gpu_seconds += seconds
         longest = max(longest, seconds)
-        used += held_credits(a, until=now)
-        booked += weight * gpu_hours((a.ends_at - a.starts_at).total_seconds())
+        used += held_credits(a, until=now, reservation=reservation)
+        booked += per_hour * gpu_hours((a.ends_at - a.starts_at).total_seconds())
     final = reservation.state in FINAL_STATES
     return {
-        "credits_per_hour": _fmt(rate),
+        "credits_per_hour": _fmt(total_rate.quantize(_RATE)),
+        "credit_multiplier": _fmt(Decimal(reservation.credit_multiplier).quantize(MULTIPLIER)),
         "booked_credits": _fmt(credits(booked)),
         "elapsed_seconds": int(longest),
         "gpu_hours": _fmt((Decimal(str(gpu_seconds)) / SECONDS_PER_HOUR).quantize(_GPU_HOURS)),

@@ -117,3 +117,21 @@ def finished(reservation: Any) -> None:
 booked: RequiredHook[[Any, Any], None] = RequiredHook("reservations.booked", provider="controlplane.dispatch")
 # (reservation): a cancel, release or extension; dispatch re-sends the desired state of its servers.
 changed: RequiredHook[[Any], None] = RequiredHook("reservations.changed", provider="controlplane.dispatch")
+
+# -- Yielded (docs/reservations.md, "Yielding") ------------------------------------------------------------------
+# When a reservation is cut short by reservation_yield (a preemption: ``by`` is the winner), apps above this one
+# may act in the same transaction: the scheduling app puts a ``requeue: true`` request's job back in the queue.
+YieldedListener = Callable[[Any, Any, Any], None]
+_on_yielded: list[YieldedListener] = []
+
+
+def register_on_yielded(listener: YieldedListener) -> None:
+    if listener not in _on_yielded:
+        _on_yielded.append(listener)
+
+
+def yielded(reservation: Any, by: Any, at: Any) -> None:
+    """Tell the listeners, inside the yielding transaction, that ``reservation`` was cut short by ``by``
+    (a reservation, or None) at ``at``."""
+    for listener in list(_on_yielded):
+        listener(reservation, by, at)

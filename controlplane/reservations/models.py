@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -44,6 +45,18 @@ class Reservation(models.Model):
     volumes = models.JSONField(default=list, blank=True)
     network = models.CharField(max_length=16, choices=NetworkMode.choices, default=NetworkMode.NONE)
     state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.PENDING)
+    # Snapshots taken at booking from whoever booked it (the queue's class, docs/scheduling.md), so this app
+    # needs nothing above it: a preemptible reservation may be cut short by a non-preemptible booking, with
+    # ``notice_seconds`` of notice; every credit it holds and is charged is its GPUs' weight times
+    # ``credit_multiplier``.
+    preemptible = models.BooleanField(default=False)
+    notice_seconds = models.PositiveIntegerField(default=0)
+    credit_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=Decimal("1"))
+    # Set by reservation_yield (docs/reservations.md, "Yielding"): the notice the container gets before the
+    # new end, which replaces the end-of-window notice, and the reason written into its warning file.
+    yield_notice_seconds = models.PositiveIntegerField(null=True, blank=True)
+    yield_reason = models.CharField(max_length=200, blank=True)
+    preempted_by = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="preempted")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -70,6 +83,7 @@ class Reservation(models.Model):
                 ),
                 name="reservation_count_or_servers",
             ),
+            models.CheckConstraint(condition=Q(credit_multiplier__gte=0), name="reservation_multiplier_not_negative"),
         ]
 
     def __str__(self) -> str:

@@ -227,6 +227,7 @@ class Segment:
     reservation_id: int
     project_id: int
     active: bool
+    yielding: bool = False  # held by a preemptible reservation: a non-preemptible booking may take it
 
 
 def timeline(*, gpus: QuerySet[Gpu], starts_at: datetime, ends_at: datetime) -> dict[int, list[Segment]]:
@@ -235,14 +236,21 @@ def timeline(*, gpus: QuerySet[Gpu], starts_at: datetime, ends_at: datetime) -> 
         Allocation.objects.filter(gpu__in=gpus, starts_at__lt=ends_at, ends_at__gt=starts_at)
         .filter(Q(active=True) | Q(released_at__gt=F("starts_at")))
         .values_list(
-            "gpu_id", "starts_at", "ends_at", "released_at", "active", "reservation_id", "reservation__project_id"
+            "gpu_id",
+            "starts_at",
+            "ends_at",
+            "released_at",
+            "active",
+            "reservation_id",
+            "reservation__project_id",
+            "reservation__preemptible",
         )
         .order_by("gpu_id", "starts_at")
     )
     out: dict[int, list[Segment]] = defaultdict(list)
-    for gpu_id, a, b, released_at, active, reservation_id, project_id in qs:
+    for gpu_id, a, b, released_at, active, reservation_id, project_id, preemptible in qs:
         end = b if active or released_at is None else min(b, released_at)
-        out[gpu_id].append(Segment(gpu_id, a, end, reservation_id, project_id, active))
+        out[gpu_id].append(Segment(gpu_id, a, end, reservation_id, project_id, active, preemptible))
     return out
 
 

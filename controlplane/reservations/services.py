@@ -12,7 +12,7 @@ when the database aborts them for it (``retry_on_transient``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -35,7 +35,7 @@ from controlplane.ledger.services import (
     ledger_settle,
     lock_project,
 )
-from controlplane.reservations import capacity, costs, hooks
+from controlplane.reservations import capacity, costs, hooks, preemption
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
@@ -161,12 +161,14 @@ def _weight(value: Any) -> Decimal:
 
 
 def _place_and_allocate(
-    reservation: Reservation, *, spec: GpuSpec, window: Window
+    reservation: Reservation, *, spec: GpuSpec, window: Window, now: datetime | None = None, actor: Any = None
 ) -> tuple[list[Gpu], list[Allocation]]:
     """Choose GPUs, lock them, re-read them and insert the allocations; re-place when another booking got
     one of them first (seen on the re-read, or by the exclusion constraint when it committed meanwhile)."""
     exclude: set[int] = set()
-    for _attempt in range(PLACEMENT_ATTEMPTS):
+    preempted = False
+    yields_at: datetime | None = None
+    for _attempt in range(PLACEMENT_ATTEMPTS + 1):
         servers = candidate_servers(spec, window)
         if exclude:
             servers = [
@@ -180,8 +182,17 @@ def _place_and_allocate(
                 for s in servers
             ]
         gpu_ids = place(servers, gpu_count=spec.gpu_count, whole_servers=spec.whole_servers)
+        if gpu_ids is None and not reservation.preemptible and not preempted and now is not None:
+            # Preemption (docs/reservations.md): cut the fewest preemptible reservations short, place again.
+            outcome = preemption.preempt_for(
+                winner=reservation, spec=spec, window=window, actor=actor, now=now, exclude=exclude
+            )
+            if outcome.preempted:
+                preempted = True
+                continue
+            yields_at = outcome.yields_at
         if gpu_ids is None:
-            raise capacity.no_capacity(spec, window, now=timezone.now())
+            raise capacity.no_capacity(spec, window, now=timezone.now(), yields_at=yields_at)
         _share_lock_gpus(gpu_ids)
         # Re-read under the lock, in a new statement: a booking that committed since our read is visible now.
         locked, taken = _reread(gpu_ids, window)
@@ -215,8 +226,15 @@ def reservation_create(
     container: ContainerSpec,
     actor: Any,
     now: datetime | None = None,
+    preemptible: bool = False,
+    notice_seconds: int = 0,
+    credit_multiplier: Decimal = Decimal(1),
 ) -> Reservation:
     """Book GPUs for a window: place, check the quota, allocate, hold the credits. All or nothing.
+
+    ``preemptible``, ``notice_seconds`` and ``credit_multiplier`` are the booker's class (the queue's,
+    docs/scheduling.md), kept on the reservation. A non-preemptible booking that finds its GPUs held only by
+    preemptible reservations cuts the fewest of them short (``preemption``), in this transaction.
 
     Raises ValidationFailed for a bad request, Conflict (code ``no_capacity`` or ``gpu_taken``) when the
     GPUs are not free, QuotaExceeded when a quota would break.
@@ -253,13 +271,16 @@ def reservation_create(
         volumes=mounts,
         network=container.network,
         state=ReservationState.SCHEDULED,
+        preemptible=preemptible,
+        notice_seconds=notice_seconds,
+        credit_multiplier=Decimal(credit_multiplier).quantize(costs.MULTIPLIER),
         created_at=now,
         updated_at=now,
     )
     rows.insert([reservation])
-    gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window)
+    gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window, now=now, actor=actor)
     hours = _hours(window.seconds)
-    needed = credits(sum((gpu.model.billing_weight for gpu in gpus), Decimal(0)) * hours)
+    needed = credits(sum((costs.rate(gpu.model.billing_weight, reservation) for gpu in gpus), Decimal(0)) * hours)
     check_quota(
         project_id=project.pk,
         need=QuotaNeed(
@@ -356,10 +377,17 @@ def reservation_cancel(
     current = _locked(reservation)
     if now > current.starts_at:
         return _end_early(current, actor=actor, reason=reason or "cancelled during the window", now=now)
+    return _cancel_before_start(current, actor=actor, reason=reason, now=now)
+
+
+def _cancel_before_start(
+    current: Reservation, *, actor: Any, reason: str, now: datetime, data: dict[str, Any] | None = None, **fields: Any
+) -> Reservation:
+    """Cancel a locked reservation whose window has not opened: no GPU, no credit held any more."""
     if current.state not in CHANGEABLE_STATES:
         raise Conflict(_not_in_state(current, "cancelled"), code="invalid_state")
     previous = current.state
-    if not _transition(current, from_states=[previous], to=ReservationState.CANCELLED, at=now):
+    if not _transition(current, from_states=[previous], to=ReservationState.CANCELLED, at=now, **fields):
         raise Conflict("The reservation changed while it was being cancelled; try again.", code="invalid_state")
     current.allocations.filter(active=True).update(active=False, released_at=now)
     ledger_settle(
@@ -377,6 +405,7 @@ def reservation_cancel(
         actor_label=None,
         reason=reason or "cancelled",
         at=now,
+        data=data,
     )
     _dispatch_changed(current)
     hooks.finished(current)
@@ -444,6 +473,90 @@ def _end_early(current: Reservation, *, actor: Any, reason: str, now: datetime) 
     return current
 
 
+@transaction.atomic
+def reservation_yield(
+    *,
+    reservation: Reservation,
+    end_at: datetime,
+    notice_seconds: int,
+    reason: str,
+    by: Reservation | None,
+    actor: Any,
+    now: datetime | None = None,
+) -> Reservation:
+    """Cut a scheduled or running reservation's window short, to end at ``end_at``, with notice: the one
+    primitive behind preemption (and any other reclaiming of GPUs before a window's end).
+
+    Its window and its allocations' periods end at ``end_at``, so the GPUs are free for others from then;
+    the event names what took them (``by``, the winner, or None with ``reason`` saying why). Dispatch gives
+    the container the warning (the file and SIGUSR1) ``notice_seconds`` before the new end instead of the
+    end-of-window notice, then stops it at ``end_at`` as at any window's end; the finish charges what ran and
+    releases the rest of the hold. A reservation that would not have started by ``end_at`` is cancelled
+    instead (it never runs, nothing is charged).
+
+    Refuses (Conflict ``invalid_state``) a reservation that is not scheduled/starting/running or whose
+    window ends by ``end_at`` already, and (Conflict ``notice_too_short``) a cut inside the window sooner
+    than ``now + notice_seconds``: nothing runs beyond its allocation, and nothing is cut without its notice.
+    """
+    now = now or timezone.now()
+    current = _locked(reservation)
+    if current.state not in CHANGEABLE_STATES:
+        raise Conflict(_not_in_state(current, "cut short"), code="invalid_state")
+    if end_at >= current.ends_at:
+        raise Conflict("The window already ends by then; there is nothing to cut.", code="invalid_state")
+    by_id = str(by.public_id) if by is not None else None
+    if end_at <= current.starts_at and now < current.starts_at:
+        cancelled = _cancel_before_start(
+            current,
+            actor=actor,
+            reason=reason,
+            now=now,
+            data={"preempted_by": by_id, "booked_ends_at": current.ends_at.isoformat()},
+            preempted_by=by,
+            yield_reason=reason[:200],
+        )
+        hooks.yielded(cancelled, by, now)
+        return cancelled
+    if end_at < now + timedelta(seconds=notice_seconds):
+        raise Conflict(
+            f"The reservation gets {notice_seconds} s of notice: it cannot be cut to end before "
+            f"{(now + timedelta(seconds=notice_seconds)).isoformat()}.",
+            code="notice_too_short",
+        )
+    previous, booked_end = current.state, current.ends_at
+    if not _transition(
+        current,
+        from_states=[previous],
+        to=previous,
+        at=now,
+        ends_at=end_at,
+        yield_notice_seconds=notice_seconds,
+        yield_reason=reason[:200],
+        preempted_by=by,
+    ):
+        raise Conflict("The reservation changed while it was being cut short; try again.", code="invalid_state")
+    current.allocations.filter(active=True, ends_at__gt=end_at).update(ends_at=end_at)
+    _event(
+        current,
+        from_state=previous,
+        to_state=previous,
+        actor=actor,
+        actor_label=None,
+        reason=reason,
+        at=now,
+        data={
+            "booked_ends_at": booked_end.isoformat(),
+            "ends_at": end_at.isoformat(),
+            "notice_seconds": notice_seconds,
+            "preempted_by": by_id,
+        },
+    )
+    _dispatch_changed(current)
+    hooks.yielded(current, by, now)
+    current.refresh_from_db()
+    return current
+
+
 def _extension_plan(
     current: Reservation, *, ends_at: datetime, now: datetime, lock: bool = True
 ) -> tuple[list[Allocation], dict[int, Gpu], Decimal, Decimal]:
@@ -490,7 +603,9 @@ def _extension_plan(
     if unplaceable:
         raise Conflict(f"GPU {unplaceable[0]} is no longer available for booking.", code="gpu_unavailable")
     extra_hours = _hours(extra.seconds)
-    needed = credits(sum((gpu.model.billing_weight for gpu in gpus.values()), Decimal(0)) * extra_hours)
+    needed = credits(
+        sum((costs.rate(gpu.model.billing_weight, current) for gpu in gpus.values()), Decimal(0)) * extra_hours
+    )
     check_quota(
         project_id=current.project_id,
         need=QuotaNeed(
@@ -508,7 +623,11 @@ def extend_quote(*, reservation: Reservation, ends_at: datetime, now: datetime |
     """What extending to ``ends_at`` would cost and whether it would be allowed now, by the rule
     reservation_extend applies (``_extension_plan``); writes nothing and takes no lock."""
     now = now or timezone.now()
-    weights = [a.gpu.model.billing_weight for a in reservation.allocations.select_related("gpu__model") if a.active]
+    weights = [
+        costs.rate(a.gpu.model.billing_weight, reservation)
+        for a in reservation.allocations.select_related("gpu__model")
+        if a.active
+    ]
     rate = sum(weights, Decimal(0))
     extra_hours = _hours(max(0.0, (ends_at - reservation.ends_at).total_seconds()))
     quote: dict[str, Any] = {
@@ -617,12 +736,12 @@ def _used_credits(
         # Nothing measured: charge the booked time up to the end, which is what the project held.
         total, detail = Decimal(0), {}
         for a in allocations:
-            total += costs.held_credits(a, until=ended_at)
+            total += costs.held_credits(a, until=ended_at, reservation=reservation)
             detail[a.gpu.uuid] = costs.held_seconds(a, until=ended_at)
         return total, {"gpu_seconds": detail, "measured": False}
     weights: dict[int | str, Decimal] = {}
     for a in allocations:
-        weights[a.gpu_id] = weights[a.gpu.uuid] = a.gpu.model.billing_weight
+        weights[a.gpu_id] = weights[a.gpu.uuid] = costs.rate(a.gpu.model.billing_weight, reservation)
     total = Decimal(0)
     for key, seconds in used_gpu_seconds_by_gpu.items():
         if key not in weights:

@@ -16,5 +16,7 @@ class SchedulingConfig(AppConfig):
 
     def ready(self) -> None:
         from controlplane.reservations import hooks
+        from controlplane.scheduling.preemption import on_reservation_yielded
 
         hooks.register_on_finished(_on_reservation_finished)
+        hooks.register_on_yielded(on_reservation_yielded)

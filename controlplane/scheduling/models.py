@@ -16,8 +16,9 @@ from controlplane.scheduling.choices import RequestState
 
 
 class PriorityClass(models.Model):
-    """A queue class: a higher ``rank`` is served first. ``credit_multiplier``, ``notice_seconds`` and
-    ``preemptible`` are stored for the slices that use them (docs/scheduling.md, "Not yet")."""
+    """A queue class: a higher ``rank`` is served first; its bookings hold and are charged their GPUs' weight
+    times ``credit_multiplier``. A ``preemptible`` class's reservations yield their GPUs to non-preemptible
+    bookings after ``notice_seconds`` of notice (docs/scheduling.md, "Preemption")."""
 
     name = models.SlugField(max_length=40, unique=True)
     rank = models.IntegerField()
@@ -53,6 +54,12 @@ class QueuedRequest(models.Model):
         Reservation, on_delete=models.PROTECT, null=True, blank=True, related_name="queued_request"
     )
     reason = models.TextField(blank=True)
+    # When its reservation is preempted, a new request with the same spec, container, duration and class
+    # goes back into the queue (``requeued_from`` names the one it came from).
+    requeue = models.BooleanField(default=False)
+    requeued_from = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="requeued_as"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
 

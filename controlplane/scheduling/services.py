@@ -26,6 +26,7 @@ from controlplane.reservations import capacity, costs
 from controlplane.reservations.selectors import _spec_q
 from controlplane.reservations.services import reservation_create
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest, Window
+from controlplane.scheduling import preemption
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
 
@@ -87,17 +88,19 @@ def _asked(spec: GpuSpec) -> int:
     return spec.whole_servers if spec.whole_servers is not None else spec.gpu_count or 1
 
 
-def _refuse_if_it_can_never_fit(*, project: Project, spec: GpuSpec, duration: timedelta, now: datetime) -> None:
+def _refuse_if_it_can_never_fit(
+    *, project: Project, spec: GpuSpec, duration: timedelta, now: datetime, multiplier: Decimal = Decimal(1)
+) -> None:
     """The refusals of a request no amount of waiting would start: more GPUs than the fleet has (the words of
     capacity.no_capacity), a length beyond the quota policy's longest booking, a GPU count beyond its
     concurrency cap, or a cost beyond the credits the project has (check_quota, with the cheapest matching
-    GPU model's weight: a lower bound of what the booking will cost)."""
+    GPU model's weight times the class's multiplier: a lower bound of what the booking will cost)."""
     window = Window(now, now + duration)
     if capacity.fleet_count(spec).total < _asked(spec):
         raise capacity.no_capacity(spec, window, now=now)
     hours = costs.gpu_hours(duration.total_seconds())
     weight = Gpu.objects.filter(_spec_q(spec), present=True).aggregate(w=Min("model__billing_weight"))["w"]
-    needed = credits((weight or Decimal(0)) * _asked(spec) * hours)
+    needed = credits((weight or Decimal(0)) * multiplier * _asked(spec) * hours)
     lock_project(project_id=project.pk)
     check_quota(
         project_id=project.pk,
@@ -117,6 +120,7 @@ def request_submit(
     priority_class: PriorityClass,
     actor: Any,
     now: datetime | None = None,
+    requeue: bool = False,
 ) -> QueuedRequest:
     """Queue a request. Raises ValidationFailed for a bad one, Conflict ``no_capacity`` when the fleet has too
     few matching GPUs for it ever to start, QuotaExceeded when the project's quota rules it out."""
@@ -137,7 +141,9 @@ def request_submit(
         if start_by <= now:
             message = "Must be in the future."
             raise ValidationFailed(f"start_by: {message}", fields={"start_by": [message]})
-    _refuse_if_it_can_never_fit(project=project, spec=spec, duration=duration, now=now)
+    _refuse_if_it_can_never_fit(
+        project=project, spec=spec, duration=duration, now=now, multiplier=priority_class.credit_multiplier
+    )
     request = QueuedRequest.objects.create(
         project=project,
         created_by=_user(actor),
@@ -148,6 +154,7 @@ def request_submit(
         start_by=start_by,
         priority_class=priority_class,
         state=RequestState.QUEUED,
+        requeue=requeue,
         created_at=now,
     )
     _event(request, from_state="", to_state=RequestState.QUEUED, actor=actor, reason="submitted", at=now)
@@ -225,18 +232,24 @@ class _Lost(Exception):
 
 
 @retry_on_transient
-def _book_and_mark(request: QueuedRequest, *, now: datetime) -> None:
-    """Book the request from ``now`` and mark it started, in one transaction: when another pass (or a cancel)
-    moved it first, the conditional update finds nothing and the booking rolls back (raises _Lost)."""
+def _book_and_mark(request: QueuedRequest, *, now: datetime, starts_at: datetime | None = None) -> None:
+    """Book the request from ``starts_at`` (default ``now``) and mark it started, in one transaction: when
+    another pass (or a cancel) moved it first, the conditional update finds nothing and the booking rolls
+    back (raises _Lost). The booking carries the class: preemptible, its notice, its credit multiplier."""
     actor = request.created_by
+    start = starts_at or now
+    priority_class = request.priority_class
     reservation = reservation_create(
         project=request.project,
         name=request.name,
         spec=spec_of(request),
-        window=Window(now, now + timedelta(seconds=request.duration_seconds)),
+        window=Window(start, start + timedelta(seconds=request.duration_seconds)),
         container=container_of(request),
         actor=actor,
         now=now,
+        preemptible=priority_class.preemptible,
+        notice_seconds=priority_class.notice_seconds,
+        credit_multiplier=priority_class.credit_multiplier,
     )
     changed = QueuedRequest.objects.filter(pk=request.pk, state=RequestState.QUEUED).update(
         state=RequestState.STARTED, reservation=reservation, started_at=now, reason=""
@@ -256,7 +269,7 @@ def _book_and_mark(request: QueuedRequest, *, now: datetime) -> None:
 def _try_start(request_id: int, *, now: datetime) -> str:
     """One decision: "started", "busy" (the GPUs are not free), "waiting" (quota), "failed" or "skipped"."""
     request = (
-        QueuedRequest.objects.select_related("project", "created_by")
+        QueuedRequest.objects.select_related("project", "created_by", "priority_class")
         .filter(pk=request_id, state=RequestState.QUEUED)
         .first()
     )
@@ -267,6 +280,10 @@ def _try_start(request_id: int, *, now: datetime) -> str:
     except _Lost:
         return "skipped"
     except Conflict as exc:
+        # Preemption (scheduling/preemption.py): a non-preemptible class takes GPUs from preemptible
+        # reservations, booked from when their notice allows.
+        if exc.code in _BUSY_CODES and preemption.start_by_preempting(request, now=now, book=_book_and_mark):
+            return "started"
         _wait(request.pk, exc.message)
         return "busy" if exc.code in _BUSY_CODES else "waiting"
     except QuotaExceeded as exc:

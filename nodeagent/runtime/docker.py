@@ -578,6 +578,7 @@ class DockerRuntime:
                 "window_end": iso(spec.window_end),
                 "stop_at": iso(spec.window_end),
                 "kill_at": iso(spec.window_end + timedelta(seconds=spec.stop_grace_s)),
+                **({"reason": spec.notice_reason} if spec.notice_reason else {}),
             },
         )
 

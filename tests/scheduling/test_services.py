@@ -47,7 +47,9 @@ def test_the_classes_come_from_the_migration():
     assert [(c.name, c.rank, c.credit_multiplier, c.preemptible) for c in PriorityClass.objects.all()] == [
         ("high", 100, Decimal("1.500"), False),
         ("normal", 50, Decimal("1.000"), False),
+        ("preemptible", 10, Decimal("0.500"), True),
     ]
+    assert PriorityClass.objects.get(name="preemptible").notice_seconds == 120
 
 
 def test_submit_queues_without_holding_anything(h100):

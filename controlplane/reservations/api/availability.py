@@ -73,6 +73,10 @@ class TimelineSegmentSerializer(serializers.Serializer):
     mine = serializers.BooleanField(help_text="Held by a project the caller can see.")
     reservation = serializers.UUIDField(allow_null=True, help_text="Only for the caller's own projects.")
     project = serializers.CharField(allow_null=True, help_text="The project's slug; only for the caller's own.")
+    yielding = serializers.BooleanField(
+        help_text="Held by a preemptible reservation: capacity a non-preemptible booking can take, after the "
+        "holder's notice."
+    )
 
 
 class UnavailableSerializer(serializers.Serializer):
@@ -247,6 +251,7 @@ class TimelineView(APIView):
                                 "mine": s.project_id in visible,
                                 "reservation": str(public[s.reservation_id]) if s.project_id in visible else None,
                                 "project": slugs.get(s.project_id) if s.project_id in visible else None,
+                                "yielding": s.active and s.yielding,
                             }
                             for s in segments.get(g.pk, [])
                         ],

@@ -289,7 +289,16 @@ class CostSerializer(serializers.Serializer):
     """What the reservation costs (docs/api.md, "Cost"); credits are decimal strings."""
 
     credits_per_hour = serializers.DecimalField(
-        max_digits=20, decimal_places=4, coerce_to_string=True, help_text="The billing weights of its GPUs, summed."
+        max_digits=20,
+        decimal_places=4,
+        coerce_to_string=True,
+        help_text="The billing weights of its GPUs, summed, times credit_multiplier.",
+    )
+    credit_multiplier = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        help_text="Its class's price factor, set at booking: 1.5 for high, 1 for normal and advance bookings, "
+        "0.5 for preemptible.",
     )
     booked_credits = serializers.DecimalField(
         max_digits=20, decimal_places=4, help_text="What the whole window as booked now costs."
@@ -316,6 +325,14 @@ class ReservationSerializer(serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     spec = SpecOutSerializer(source="*", read_only=True)
     cost = serializers.SerializerMethodField()
+    credit_multiplier = serializers.DecimalField(max_digits=6, decimal_places=3, read_only=True)
+    preempted_by = serializers.UUIDField(
+        source="preempted_by.public_id",
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="The reservation that preempted this one (cut its window short), or null.",
+    )
 
     class Meta:
         model = Reservation
@@ -336,6 +353,10 @@ class ReservationSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "cost",
+            "preemptible",
+            "notice_seconds",
+            "credit_multiplier",
+            "preempted_by",
         ]
         read_only_fields = fields
 
@@ -506,6 +527,14 @@ def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> di
     }
 
 
+_DECIMAL3 = serializers.DecimalField(max_digits=6, decimal_places=3)
+
+
+def _preempted_by(reservation: Reservation) -> str | None:
+    winner = reservation.preempted_by if reservation.preempted_by_id is not None else None
+    return None if winner is None else str(winner.public_id)
+
+
 def _at(value: datetime | None) -> str | None:
     return _AT.to_representation(value) if value else None
 
@@ -536,6 +565,10 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
         "created_at": _at(reservation.created_at),
         "updated_at": _at(reservation.updated_at),
         "cost": cost_for(reservation),
+        "preemptible": bool(reservation.preemptible),
+        "notice_seconds": int(reservation.notice_seconds),
+        "credit_multiplier": _DECIMAL3.to_representation(reservation.credit_multiplier),
+        "preempted_by": _preempted_by(reservation),
         "allocations": [
             {
                 "gpu": str(a.gpu.uuid),

@@ -49,7 +49,9 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     queryset = Reservation.objects.none()
 
     def get_queryset(self) -> QuerySet[Reservation]:
-        qs = reservations_visible_to(self.request.user).select_related("project", "gpu_model", "created_by")
+        qs = reservations_visible_to(self.request.user).select_related(
+            "project", "gpu_model", "created_by", "preempted_by"
+        )
         # Every answer carries its cost: the allocations' GPU models and what the ledger charged.
         qs = with_charges(qs).prefetch_related(
             Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model"))

@@ -42,7 +42,13 @@ class QueuedRequestCreateSerializer(serializers.Serializer):
         slug_field="name",
         queryset=PriorityClass.objects.all(),
         required=False,
-        help_text='The class by name: "high" or "normal" (the default).',
+        help_text='The class by name: "high", "normal" (the default) or "preemptible" (runs only on GPUs nobody '
+        "booked, at a discount, and yields them with notice).",
+    )
+    requeue = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="When its reservation is preempted, queue the same request again (to resume from a checkpoint).",
     )
 
     def __init__(self, *args: Any, projects: Any = None, **kwargs: Any) -> None:
@@ -67,6 +73,7 @@ class QueuedRequestCreateSerializer(serializers.Serializer):
             "duration": data["duration"],
             "start_by": data["start_by"],
             "priority_class": data.get("priority_class") or PriorityClass.objects.get(name="normal"),
+            "requeue": data["requeue"],
         }
 
 
@@ -94,6 +101,13 @@ class QueuedRequestSerializer(serializers.ModelSerializer):
     spec = serializers.SerializerMethodField()
     container = serializers.JSONField(read_only=True)
     reservation = serializers.UUIDField(source="reservation.public_id", read_only=True, allow_null=True, default=None)
+    requeued_from = serializers.UUIDField(
+        source="requeued_from.public_id",
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="The request this one was queued again from, when its reservation was preempted.",
+    )
 
     class Meta:
         model = QueuedRequest
@@ -109,6 +123,8 @@ class QueuedRequestSerializer(serializers.ModelSerializer):
             "state",
             "reason",
             "reservation",
+            "requeue",
+            "requeued_from",
             "created_at",
             "started_at",
         ]

@@ -37,7 +37,9 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     queryset = QueuedRequest.objects.none()
 
     def get_queryset(self) -> QuerySet[QueuedRequest]:
-        qs = requests_visible_to(self.request.user).select_related("project", "priority_class", "reservation")
+        qs = requests_visible_to(self.request.user).select_related(
+            "project", "priority_class", "reservation", "requeued_from"
+        )
         if self.action != "list":
             qs = qs.prefetch_related("events")
         return qs

@@ -70,6 +70,8 @@ export interface ReservationCost {
   elapsed_seconds: number;
   gpu_hours: string;
   credits_so_far: string;
+  /** Its class's price factor ("1.500" high, "1.000", "0.500" preemptible), already in credits_per_hour. */
+  credit_multiplier?: string;
   /** What the ledger charged, once the reservation ended; null before. */
   credits_charged: string | null;
 }
@@ -101,6 +103,11 @@ export interface Reservation {
   created_by: string | null;
   created_at: string;
   updated_at: string;
+  /** Class terms set at booking (docs/api.md, "Reservations"); preempted_by: the winner's id, or null. */
+  preemptible?: boolean;
+  notice_seconds?: number;
+  credit_multiplier?: string;
+  preempted_by?: string | null;
 }
 
 export interface Allocation {
@@ -192,6 +199,8 @@ export interface TimelineSegment {
   mine: boolean;
   reservation: string | null;
   project: string | null;
+  /** Held by a preemptible reservation: capacity a non-preemptible booking can take after its notice. */
+  yielding?: boolean;
 }
 
 export interface TimelineGpu {
