@@ -40,12 +40,14 @@ PAGES = [
     ("login", "/login", "tenant"),
     ("dashboard", "/", "tenant"),
     ("availability", "/availability", "tenant"),
+    ("queue", "/queue", "tenant"),
     ("usage", "/usage", "tenant"),
     ("volumes", "/volumes", "tenant"),
     ("tokens", "/tokens", "tenant"),
     ("ssh-keys", "/ssh-keys", "tenant"),
     ("fleet", "/fleet", "operator"),
     ("join-tokens", "/join-tokens", "operator"),
+    ("operator-queue", "/operator-queue", "operator"),
 ]
 
 

@@ -22,7 +22,8 @@ const POLL_MS = 10_000;
 export function OperatorQueuePage() {
   const queue = useOperatorQueue(POLL_MS);
   const missing = isMissingEndpoint(queue.error);
-  const fallback = useQueuedRequests({ state: ["queued", "held"] }, missing ? POLL_MS : undefined);
+  // A server without requests/queue/ has no held state either (its filter refuses "held"): queued ones only.
+  const fallback = useQueuedRequests({ state: "queued" }, missing ? POLL_MS : undefined);
   const rows: QueueEntry[] | undefined = missing ? fallback.data?.map(toQueueEntry) : queue.data;
   const queryClient = useQueryClient();
   const act = useMutation({

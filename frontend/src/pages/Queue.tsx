@@ -1,4 +1,4 @@
-import { Alert, Anchor, Button, Card, Checkbox, Grid, List, NumberInput, Radio, Select, Stack, Table, Text, TextInput, Title, VisuallyHidden } from "@mantine/core";
+import { Alert, Anchor, Button, Card, Checkbox, List, NumberInput, Radio, Select, Stack, Table, Text, TextInput, Title, VisuallyHidden } from "@mantine/core";
 import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { useEffect, useState, type FormEvent } from "react";
 import { Link } from "react-router";
@@ -29,14 +29,9 @@ export function QueuePage() {
         A queued request books itself as soon as GPUs for it are free: nothing is booked and no credits are held
         while it waits. Its estimated start counts the booked windows; the queue ahead may move it later.
       </Text>
-      <Grid>
-        <Grid.Col span={{ base: 12, lg: 8 }}>
-          <RequestsCard />
-        </Grid.Col>
-        <Grid.Col span={{ base: 12, lg: 4 }}>
-          <SubmitCard />
-        </Grid.Col>
-      </Grid>
+      {/* The list takes the page's width (it has many columns); the form sits under it, at a form's width. */}
+      <RequestsCard />
+      <SubmitCard />
     </Stack>
   );
 }
@@ -199,7 +194,7 @@ function SubmitCard() {
   }
 
   return (
-    <Card withBorder component="form" onSubmit={onSubmit} aria-label="Queue a request">
+    <Card withBorder component="form" onSubmit={onSubmit} aria-label="Queue a request" maw={640}>
       <Stack gap="sm">
         <Text fw={600}>Queue a request</Text>
         {bookable.length === 0 && <Alert color="yellow">You can queue only for projects where you are an owner or member.</Alert>}
