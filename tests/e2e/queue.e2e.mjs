@@ -1,10 +1,10 @@
 // The queue on the portal (issue 13): a tenant queues a request in the portal that cannot start yet (its GPUs
 // are booked), sees it in the Queue page with its position, estimated start and reason, an operator sees it in
-// the whole queue, and the tenant cancels it. A preemptible request the queue starts shows as yielding capacity
-// on the timeline, and its reservation page shows the class's terms. Run by tests/e2e/test_portal.py. Everything
+// the whole queue, and the tenant cancels it (the Queue page at phone width too). Then a preemptible request
+// the queue starts shows as yielding capacity on the timeline, and its reservation page shows the class's terms. Run by tests/e2e/test_portal.py. Everything
 // made here is cancelled at the end.
 
-import { BASE, apiSession, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
+import { BASE, DESKTOP, PHONE, apiSession, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
 
 const MIN = 60_000;
 const NAME = `e2e queued ${Date.now() % 100000}`;
@@ -93,6 +93,29 @@ await run("queue", async (page) => {
     await axeCheck(page, "queue-operator");
     await signOut(page);
 
+    step("cancel the queued request in the portal");
+    await signIn(page, tenant);
+    await page.getByRole("link", { name: "Queue", exact: true }).click();
+    const again = page.getByTestId(`request-${NAME}`);
+    await again.getByRole("button", { name: `Cancel request ${NAME}` }).click();
+    const dialog = page.getByRole("dialog");
+    await dialog.getByRole("button", { name: "Cancel the request" }).click();
+    await dialog.waitFor({ state: "hidden" });
+    await again.getByTestId("state-badge").getByText("cancelled").waitFor();
+    expect((await again.getByRole("button", { name: `Cancel request ${NAME}` }).count()) === 0, "no cancel once cancelled");
+    const after = (await api("GET", `requests/${id}/`)).data;
+    expect(after.state === "cancelled", `the server says cancelled: ${after.state}`);
+    await shot(page, "queue-04-cancelled");
+
+    step("the queue at phone width: rows as cards, nothing wider than the screen");
+    await page.setViewportSize(PHONE);
+    await again.waitFor();
+    const wide = await page.evaluate(() => document.documentElement.scrollWidth > window.innerWidth + 1);
+    expect(!wide, "the queue page does not scroll sideways on a phone");
+    await axeCheck(page, "queue-phone");
+    await page.setViewportSize(DESKTOP);
+
+    // Only now: the queue is strict priority, so the waiting request above held the pass up until cancelled.
     step("a preemptible request the queue starts is yielding capacity on the timeline");
     const pre = await api("POST", "requests/", {
       project: "demo",
@@ -109,7 +132,6 @@ await run("queue", async (page) => {
       return d.reservation ? d : null;
     });
     made.reservations.push(started.reservation);
-    await signIn(page, tenant);
     await page.goto(`${BASE}/availability`);
     await page.getByTestId("timeline").waitFor();
     await page.getByTestId("timeline-legend").getByText("preemptible").waitFor();
@@ -123,19 +145,6 @@ await run("queue", async (page) => {
     await page.getByTestId("preemptible-notice").getByText(/120 s of notice/).waitFor();
     await page.getByTestId("cost-multiplier").getByText(/0\.5 ×/).waitFor();
     await axeCheck(page, "queue-reservation");
-
-    step("cancel the queued request in the portal");
-    await page.goto(`${BASE}/queue`);
-    const again = page.getByTestId(`request-${NAME}`);
-    await again.getByRole("button", { name: `Cancel request ${NAME}` }).click();
-    const dialog = page.getByRole("dialog");
-    await dialog.getByRole("button", { name: "Cancel the request" }).click();
-    await dialog.waitFor({ state: "hidden" });
-    await again.getByTestId("state-badge").getByText("cancelled").waitFor();
-    expect((await again.getByRole("button", { name: `Cancel request ${NAME}` }).count()) === 0, "no cancel once cancelled");
-    const after = (await api("GET", `requests/${id}/`)).data;
-    expect(after.state === "cancelled", `the server says cancelled: ${after.state}`);
-    await shot(page, "queue-04-cancelled");
   } finally {
     for (const r of made.requests) await api("POST", `requests/${r}/cancel/`, { reason: "e2e: done" }).catch(() => {});
     for (const r of made.reservations) await api("POST", `reservations/${r}/cancel/`, { reason: "e2e: done" }).catch(() => {});

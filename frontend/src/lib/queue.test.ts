@@ -6,6 +6,7 @@ import {
   classInfo,
   operatorActions,
   preemptedBy,
+  reasonText,
   specBody,
   specText,
   standing,
@@ -148,5 +149,16 @@ describe("preemption events", () => {
     expect(preemptedBy({ preempted_by: null })).toBeNull();
     expect(preemptedBy({ ends_at: "x" })).toBeNull();
     expect(preemptedBy(null)).toBeNull();
+  });
+});
+
+describe("reasonText", () => {
+  it("writes the server's ISO instants in the one format and the zone shown", () => {
+    const r = "The earliest window of this length that fits starts at 2026-12-01T23:19:00Z.";
+    expect(reasonText(r, "UTC")).toBe("The earliest window of this length that fits starts at 01 Dec 2026, 23:19.");
+    expect(reasonText("blocked by reservation X until 2026-12-01T14:00:00+00:00", "Europe/Berlin")).toBe(
+      "blocked by reservation X until 01 Dec 2026, 15:00",
+    );
+    expect(reasonText("waiting for 4 x H100-80GB", "UTC")).toBe("waiting for 4 x H100-80GB");
   });
 });

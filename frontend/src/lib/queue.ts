@@ -2,7 +2,7 @@
 // sends, and a request's state, position and estimate in words.
 
 import type { QueueEntry, QueuedRequest, QueuedRequestDetail, Spec } from "../api/types";
-import { formatDuration, formatMiB } from "./format";
+import { formatDateTime, formatDuration, formatMiB } from "./format";
 
 export interface PriorityClassInfo {
   name: string;
@@ -176,4 +176,12 @@ export function toQueueEntry(r: QueuedRequest): QueueEntry {
 /** The operators' actions a row offers: hold a queued request, release a held one; a class change for both. */
 export function operatorActions(state: string): { hold: boolean; release: boolean; changeClass: boolean } {
   return { hold: state === "queued", release: state === "held", changeClass: state === "queued" || state === "held" };
+}
+
+const ISO_INSTANT = /\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})/g;
+
+/** The server's reason with each ISO 8601 instant in it ("... fits starts at 2026-12-01T23:19:00Z") written
+ * the portal's one way, in the zone shown, as every other time on the page. */
+export function reasonText(reason: string, zone?: string): string {
+  return reason.replace(ISO_INSTANT, (iso) => (Number.isNaN(Date.parse(iso)) ? iso : formatDateTime(iso, zone)));
 }

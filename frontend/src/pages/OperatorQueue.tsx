@@ -9,8 +9,9 @@ import { StateBadge } from "../components/Badges";
 import { ClassBadge } from "../components/ClassBadge";
 import { ErrorAlert, QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
+import { useShownZone } from "../components/ZoneToggle";
 import { formatDateTime, formatDuration, shortUuid } from "../lib/format";
-import { operatorActions, PRIORITY_CLASSES, toQueueEntry } from "../lib/queue";
+import { operatorActions, PRIORITY_CLASSES, reasonText, toQueueEntry } from "../lib/queue";
 
 const POLL_MS = 10_000;
 
@@ -20,6 +21,7 @@ const POLL_MS = 10_000;
  * where the server does not serve it yet, every project's waiting requests from requests/, without those.
  */
 export function OperatorQueuePage() {
+  const zone = useShownZone();
   const queue = useOperatorQueue(POLL_MS);
   const missing = isMissingEndpoint(queue.error);
   // A server without requests/queue/ has no held state either (its filter refuses "held"): queued ones only.
@@ -70,7 +72,7 @@ export function OperatorQueuePage() {
               <Table.Th>#</Table.Th>
               <Table.Th>Request</Table.Th>
               <Table.Th>Class</Table.Th>
-              <Table.Th>State</Table.Th>
+              <Table.Th style={{ minWidth: 110 }}>State</Table.Th>
               <Table.Th>Fair share</Table.Th>
               <Table.Th>Reason</Table.Th>
               <Table.Th>Blocked by</Table.Th>
@@ -119,7 +121,7 @@ export function OperatorQueuePage() {
                     {typeof r.fair_share_factor === "number" ? r.fair_share_factor.toFixed(3) : "–"}
                   </Table.Td>
                   <Table.Td data-label="Reason" data-testid="entry-reason">
-                    <Text size="sm">{r.reason || "–"}</Text>
+                    <Text size="sm">{r.reason ? reasonText(r.reason, zone) : "–"}</Text>
                   </Table.Td>
                   <Table.Td data-label="Blocked by">
                     {r.blocked_by ? (

@@ -13,8 +13,9 @@ import { ConfirmButton } from "../components/ConfirmButton";
 import { DateTimeInput } from "../components/DateTimeInput";
 import { QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
+import { useShownZone } from "../components/ZoneToggle";
 import { formatDateTime, formatRelative, shortUuid } from "../lib/format";
-import { cancellable, classInfo, durationText, PRIORITY_CLASSES, specText, standing, submitBody, submitProblems, type SpecChoice } from "../lib/queue";
+import { cancellable, classInfo, reasonText, durationText, PRIORITY_CLASSES, specText, standing, submitBody, submitProblems, type SpecChoice } from "../lib/queue";
 
 const POLL_MS = 10_000;
 
@@ -61,7 +62,7 @@ function RequestsCard() {
             <Table.Tr>
               <Table.Th>Name</Table.Th>
               <Table.Th>Class</Table.Th>
-              <Table.Th>State</Table.Th>
+              <Table.Th style={{ minWidth: 110 }}>State</Table.Th>
               <Table.Th>Position</Table.Th>
               <Table.Th>Estimated start</Table.Th>
               <Table.Th>Reason</Table.Th>
@@ -88,6 +89,7 @@ function RequestRow({ r, detail }: { r: QueuedRequest; detail?: QueuedRequestDet
     mutationFn: () => api.post<QueuedRequestDetail>(`requests/${r.id}/cancel/`, { reason: "cancelled in the portal" }),
     onSuccess: () => queryClient.invalidateQueries({ queryKey: ["requests"] }),
   });
+  const zone = useShownZone();
   const waiting = cancellable(r);
   const est = detail?.estimated_start;
   return (
@@ -128,7 +130,7 @@ function RequestRow({ r, detail }: { r: QueuedRequest; detail?: QueuedRequestDet
         {r.start_by && waiting && <Text size="xs">must start by {formatDateTime(r.start_by)}</Text>}
       </Table.Td>
       <Table.Td data-label="Reason" data-testid="request-reason">
-        <Text size="sm">{r.reason || "–"}</Text>
+        <Text size="sm">{r.reason ? reasonText(r.reason, zone) : "–"}</Text>
       </Table.Td>
       <Table.Td data-label="Reservation">
         {r.reservation ? (
