@@ -40,12 +40,14 @@ PAGES = [
     ("login", "/login", "tenant"),
     ("dashboard", "/", "tenant"),
     ("availability", "/availability", "tenant"),
+    ("queue", "/queue", "tenant"),
     ("usage", "/usage", "tenant"),
     ("volumes", "/volumes", "tenant"),
     ("tokens", "/tokens", "tenant"),
     ("ssh-keys", "/ssh-keys", "tenant"),
     ("fleet", "/fleet", "operator"),
     ("join-tokens", "/join-tokens", "operator"),
+    ("operator-queue", "/operator-queue", "operator"),
 ]
 
 
@@ -122,13 +124,13 @@ def report(loads: list[dict[str, Any]]) -> bool:
     kb = lambda n: f"{n / 1000:8.1f}"  # noqa: E731
     served = {(x["page"], x["as"]): x for x in loads if x["encoding"] != "identity"}
     identity = {(x["page"], x["as"]): x for x in loads if x["encoding"] == "identity"}
-    print(f"{'page':<14}{'as':<12}{'requests':>9}{'KB served':>11}{'of it API':>11}{'KB identity':>13}{'ratio':>7}")
+    print(f"{'page':<16}{'as':<12}{'requests':>9}{'KB served':>11}{'of it API':>11}{'KB identity':>13}{'ratio':>7}")
     ok = True
     for key, x in served.items():
         base = identity[key]
         ratio = x["bytes"] / base["bytes"] if base["bytes"] else float("nan")
         print(
-            f"{x['page']:<14}{x['as']:<12}{x['requests']:>9}{kb(x['bytes']):>11}{kb(x['api_bytes']):>11}"
+            f"{x['page']:<16}{x['as']:<12}{x['requests']:>9}{kb(x['bytes']):>11}{kb(x['api_bytes']):>11}"
             f"{kb(base['bytes']):>13}{ratio:>7.2f}"
         )
     for page in GOAL_PAGES:

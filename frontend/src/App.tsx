@@ -20,6 +20,8 @@ const AvailabilityPage = lazy(() => import("./pages/Availability").then((m) => (
 const HistoryPage = lazy(() => import("./pages/History").then((m) => ({ default: m.HistoryPage })));
 const FleetPage = lazy(() => import("./pages/Fleet").then((m) => ({ default: m.FleetPage })));
 const JoinTokensPage = lazy(() => import("./pages/JoinTokens").then((m) => ({ default: m.JoinTokensPage })));
+const QueuePage = lazy(() => import("./pages/Queue").then((m) => ({ default: m.QueuePage })));
+const OperatorQueuePage = lazy(() => import("./pages/OperatorQueue").then((m) => ({ default: m.OperatorQueuePage })));
 const ReservationPage = lazy(() => import("./pages/Reservation").then((m) => ({ default: m.ReservationPage })));
 const TokensPage = lazy(() => import("./pages/Tokens").then((m) => ({ default: m.TokensPage })));
 const SshKeysPage = lazy(() => import("./pages/SshKeys").then((m) => ({ default: m.SshKeysPage })));
@@ -32,6 +34,7 @@ const VolumesPage = lazy(() => import("./pages/Volumes").then((m) => ({ default:
 const TENANT_LINKS = [
   { to: "/", label: "Dashboard" },
   { to: "/availability", label: "Book GPUs" },
+  { to: "/queue", label: "Queue" },
   { to: "/history", label: "History" },
   { to: "/usage", label: "Usage" },
   { to: "/efficiency", label: "Efficiency" },
@@ -43,6 +46,7 @@ const TENANT_LINKS = [
 ];
 const OPERATOR_LINKS = [
   { to: "/fleet", label: "Fleet health" },
+  { to: "/operator-queue", label: "Whole queue" },
   { to: "/join-tokens", label: "Join tokens" },
   { to: "/accounting", label: "Accounting" },
 ];
@@ -84,6 +88,8 @@ export function App() {
         <Route path="/" element={<DashboardPage />} />
         <Route path="/login" element={<SignedInAtLogin />} />
         <Route path="/availability" element={<AvailabilityPage />} />
+        <Route path="/queue" element={<QueuePage />} />
+        <Route path="/operator-queue" element={operator ? <OperatorQueuePage /> : <OperatorsOnly />} />
         <Route path="/reservations/:id" element={<ReservationPage />} />
         <Route path="/history" element={<HistoryPage />} />
         <Route path="/usage" element={<UsagePage />} />

@@ -5,38 +5,10 @@
 // Europe/Berlin and then America/Los_Angeles. Every booking made here is cancelled, the drained server
 // returned to ready.
 
-import { BASE, PHONE, axeCheck, expect, operator, run, shot, signIn, step, tenant } from "./lib.mjs";
+import { BASE, PHONE, apiSession, axeCheck, expect, operator, run, shot, signIn, step, tenant } from "./lib.mjs";
 
 const HOUR = 3_600_000;
 const FORMAT = /^\d{2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4}, \d{2}:\d{2}$/;
-
-/** A session on the API as `who` (cookies kept by hand), for what a script sets up around the browser. */
-async function apiSession(who) {
-  const cookies = {};
-  const call = async (method, path, body) => {
-    const res = await fetch(`${BASE}/api/v1/${path}`, {
-      method,
-      headers: {
-        "Content-Type": "application/json",
-        Cookie: Object.entries(cookies).map(([k, v]) => `${k}=${v}`).join("; "),
-        "X-CSRFToken": cookies.csrftoken ?? "",
-        Referer: `${BASE}/`,
-      },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    for (const c of res.headers.getSetCookie()) {
-      const [pair] = c.split(";");
-      const at = pair.indexOf("=");
-      cookies[pair.slice(0, at)] = pair.slice(at + 1);
-    }
-    const text = await res.text();
-    return { status: res.status, data: text ? JSON.parse(text) : null };
-  };
-  await call("GET", "auth/csrf/");
-  const login = await call("POST", "auth/login/", { username: who.user, password: who.password });
-  expect(login.status < 300, `${who.user} signs in to the API: ${login.status}`);
-  return call;
-}
 
 /** The wall clock of `ms` in `zone`, as the portal writes it ("01 Dec 2026, 12:00"). */
 function written(ms, zone) {

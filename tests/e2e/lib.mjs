@@ -66,6 +66,48 @@ export function sshPublicKey(comment) {
   return `ssh-ed25519 ${Buffer.concat([part(Buffer.from("ssh-ed25519")), part(raw)]).toString("base64")} ${comment}`;
 }
 
+/** A session on the API as `who` (cookies kept by hand), for what a script sets up around the browser. */
+export async function apiSession(who) {
+  const cookies = {};
+  const call = async (method, path, body) => {
+    // The server closes idle keep-alive connections after a couple of seconds; a request sent on one just as it
+    // closes fails without reaching it. Such a failure is retried: a POST carries an Idempotency-Key, so it is
+    // made once however often it arrives (docs/api.md, "Idempotency").
+    const key = method === "GET" ? {} : { "Idempotency-Key": crypto.randomUUID() };
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        res = await fetch(`${BASE}/api/v1/${path}`, {
+          method,
+          headers: {
+            "Content-Type": "application/json",
+            Cookie: Object.entries(cookies).map(([k, v]) => `${k}=${v}`).join("; "),
+            "X-CSRFToken": cookies.csrftoken ?? "",
+            Referer: `${BASE}/`,
+            ...key,
+          },
+          body: body === undefined ? undefined : JSON.stringify(body),
+        });
+        break;
+      } catch (e) {
+        if (attempt >= 4) throw e;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+    }
+    for (const c of res.headers.getSetCookie()) {
+      const [pair] = c.split(";");
+      const at = pair.indexOf("=");
+      cookies[pair.slice(0, at)] = pair.slice(at + 1);
+    }
+    const text = await res.text();
+    return { status: res.status, data: text ? JSON.parse(text) : null };
+  };
+  await call("GET", "auth/csrf/");
+  const login = await call("POST", "auth/login/", { username: who.user, password: who.password });
+  expect(login.status < 300, `${who.user} signs in to the API: ${login.status}`);
+  return call;
+}
+
 const axeResults = {};
 
 /**

@@ -1,7 +1,19 @@
-import { useQuery } from "@tanstack/react-query";
+import { useQueries, useQuery } from "@tanstack/react-query";
 
 import { api, getAll, isClientError, type Query } from "./client";
-import type { Balance, GpuModel, Me, Page, QuotaPolicy, Reservation, Server, Session } from "./types";
+import type {
+  Balance,
+  GpuModel,
+  Me,
+  Page,
+  QueueEntry,
+  QueuedRequest,
+  QueuedRequestDetail,
+  QuotaPolicy,
+  Reservation,
+  Server,
+  Session,
+} from "./types";
 
 /** The signed-in user, or null when signed out. Asked of auth/session/, which answers 200 either way: a signed-out
  * visit is a state, not an error, and logs no failed request in the browser's console. */
@@ -63,5 +75,36 @@ export function useReservations(query: Query, refetchMs?: number) {
     queryKey: ["reservations", query],
     queryFn: async () => api.get<Page<Reservation>>("reservations/", { limit: 100, ...query }),
     refetchInterval: refetchMs,
+  });
+}
+
+/** The caller's projects' queued requests (every page: the queue is short-lived, but a project may keep many). */
+export function useQueuedRequests(query: Query, refetchMs?: number) {
+  return useQuery({
+    queryKey: ["requests", query],
+    queryFn: () => getAll<QueuedRequest>("requests/", query, 1000),
+    refetchInterval: refetchMs,
+  });
+}
+
+/** The detail of each request still waiting: the list leaves out `position` and `estimated_start`, which cost
+ * the server a placement search each, so only the waiting ones are asked. */
+export function useRequestDetails(ids: string[], refetchMs?: number) {
+  return useQueries({
+    queries: ids.map((id) => ({
+      queryKey: ["request", id],
+      queryFn: () => api.get<QueuedRequestDetail>(`requests/${id}/`),
+      refetchInterval: refetchMs,
+    })),
+  });
+}
+
+/** Operators: the whole queue in the pass's order (requests/queue/). Served with the operators' controls; until
+ * then it answers 404 and the page says so (isMissingEndpoint). */
+export function useOperatorQueue(refetchMs?: number) {
+  return useQuery({
+    queryKey: ["operator-queue"],
+    queryFn: () => api.get<QueueEntry[]>("requests/queue/"),
+    refetchInterval: pollUnlessRefused(refetchMs ?? 15_000),
   });
 }

@@ -433,3 +433,62 @@ export interface IdleReclamation {
   reclaimed_at: string | null;
   reclaimed_gpu_hours: number;
 }
+
+/** A queued request's state (docs/scheduling.md); `held` comes with the operators' controls, when served. */
+export type QueuedRequestState = "queued" | "held" | "started" | "cancelled" | "failed" | string;
+
+export interface QueuedRequestEvent {
+  from_state: string;
+  to_state: string;
+  actor_label: string;
+  reason: string;
+  at: string;
+}
+
+/** GET requests/ (a list row); the detail adds `position`, `estimated_start` and the events. */
+export interface QueuedRequest {
+  id: string;
+  project: string;
+  name: string;
+  spec: Spec;
+  container: { image?: string; command?: string[]; env?: Record<string, string> } | null;
+  duration_seconds: number;
+  start_by: string | null;
+  priority_class: string;
+  state: QueuedRequestState;
+  reason: string;
+  /** The reservation it booked, once started. */
+  reservation: string | null;
+  requeue: boolean;
+  requeued_from: string | null;
+  created_at: string;
+  started_at: string | null;
+  /** The reservation whose end frees its GPUs, and when (operators' controls; absent until served). */
+  blocked_by?: string | null;
+  blocked_until?: string | null;
+}
+
+export interface QueuedRequestDetail extends QueuedRequest {
+  position: number | null;
+  estimated_start: string | null;
+  events: QueuedRequestEvent[];
+}
+
+/** GET requests/queue/ (operators): one row of the whole queue in the pass's order, then the held ones. Every
+ * field past the core is optional: the endpoint may not be served yet, or may grow. */
+export interface QueueEntry {
+  position: number | null;
+  id: string;
+  project: string;
+  name: string;
+  priority_class: string;
+  state: string;
+  /** What it waits for, in words: "4 x H100-80GB". */
+  spec: string;
+  duration_seconds: number;
+  fair_share_factor?: number | null;
+  reason: string;
+  blocked_by?: string | null;
+  blocked_until?: string | null;
+  created_at: string;
+}

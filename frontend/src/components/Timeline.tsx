@@ -2,9 +2,9 @@ import { ActionIcon, Badge, Group, Text, VisuallyHidden } from "@mantine/core";
 import { useElementSize } from "@mantine/hooks";
 import { useEffect, useRef, useState, type KeyboardEvent, type MouseEvent } from "react";
 
-import type { TimelineGpu } from "../api/types";
+import type { TimelineGpu, TimelineSegment } from "../api/types";
 import { formatDateTime, zoneLabel, zoneOffset } from "../lib/format";
-import { axis, instantAt, keyStep, placeSegment, ZOOMS, type Range } from "../lib/timeline";
+import { axis, instantAt, keyStep, placeSegment, trackStatus, ZOOMS, type Range } from "../lib/timeline";
 import { SimulatedBadge } from "./Badges";
 import { useShownZone } from "./ZoneToggle";
 
@@ -19,6 +19,12 @@ const REASON_TEXT: Record<string, string> = {
 
 function unavailableText(u: NonNullable<TimelineGpu["unavailable"]>): string {
   return `Not bookable: ${REASON_TEXT[u.reason] ?? u.reason}${u.detail ? ` (${u.detail})` : ""}`;
+}
+
+/** A segment's words: whose it is and, for preemptible work, that a booking can take it after notice. */
+function segmentTitle(s: TimelineSegment, when: string): string {
+  const who = s.mine ? `${s.project}` : "Booked by another project";
+  return s.yielding ? `${who}, preemptible (yielding capacity: a booking can take it after its notice): ${when}` : `${who}: ${when}`;
 }
 
 /**
@@ -126,6 +132,7 @@ export function Timeline(props: {
           </ActionIcon>
         </Group>
       </Group>
+      <TimelineLegend />
       <div className="tl-scroll" ref={scroller}>
         <div className="tl-inner" style={{ width: labelPx + 8 + trackPx }}>
           <div className="tl-grid" style={{ left: labelPx + 8, width: trackPx }} aria-hidden>
@@ -161,8 +168,7 @@ export function Timeline(props: {
             first = false;
             const serverDown = g.unavailable && g.unavailable.reason !== "unhealthy" ? g.unavailable : null;
             const drawPick = pick && props.pickGpus?.has(g.gpu);
-            const busy = g.segments.length;
-            const status = g.unavailable ? unavailableText(g.unavailable) : busy ? `${busy} booking(s) in range` : "free";
+            const status = g.unavailable ? unavailableText(g.unavailable) : trackStatus(g.segments);
             return (
               <div key={g.gpu} data-testid={`gpu-row-${g.server}-${g.index}`} data-unavailable={g.unavailable?.reason ?? ""}>
                 {header && (
@@ -220,9 +226,10 @@ export function Timeline(props: {
                       return (
                         <div
                           key={i}
-                          className={`tl-seg ${s.mine ? "mine" : "busy"}`}
+                          className={`tl-seg ${s.mine ? "mine" : "busy"}${s.yielding ? " yielding" : ""}`}
+                          data-testid={s.yielding ? "segment-yielding" : undefined}
                           style={{ left: `${p.left}%`, width: `${p.width}%` }}
-                          title={s.mine ? `${s.project}: ${when}` : `Booked by another project: ${when}`}
+                          title={segmentTitle(s, when)}
                         >
                           {s.mine ? s.project : ""}
                         </div>
@@ -244,5 +251,26 @@ export function Timeline(props: {
         {announce}
       </VisuallyHidden>
     </div>
+  );
+}
+
+/** What each fill means; the swatches are the segments' own classes, so the legend cannot drift from them. */
+function TimelineLegend() {
+  const items = [
+    { cls: "free", label: "free" },
+    { cls: "busy", label: "booked by others" },
+    { cls: "mine", label: "your projects'" },
+    { cls: "busy yielding", label: "preemptible: yields to a booking after notice" },
+    { cls: "down", label: "not bookable now" },
+  ];
+  return (
+    <Group gap="md" mb={4} component="ul" className="tl-legend" aria-label="Timeline legend" data-testid="timeline-legend">
+      {items.map((i) => (
+        <Group key={i.cls} gap={4} component="li" wrap="nowrap">
+          <span className={`tl-swatch tl-seg ${i.cls}`} aria-hidden />
+          <Text size="xs">{i.label}</Text>
+        </Group>
+      ))}
+    </Group>
   );
 }

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { axis, freeGaps, instantAt, keyStep, placeSegment } from "./timeline";
+import { axis, freeGaps, instantAt, keyStep, placeSegment, trackStatus } from "./timeline";
 
 const H = 3_600_000;
 const range = { start: 0, end: 10 * H };
@@ -111,5 +111,14 @@ describe("keyboard steps", () => {
     expect(keyStep("ArrowLeft", true)).toBe(-H / 4);
     expect(keyStep("PageUp", false)).toBe(24 * H);
     expect(keyStep("a", false)).toBeNull();
+  });
+});
+
+describe("trackStatus", () => {
+  it("tells preemptible work apart from bookings", () => {
+    expect(trackStatus([])).toBe("free");
+    expect(trackStatus([{}, { yielding: false }])).toBe("2 booking(s) in range");
+    expect(trackStatus([{ yielding: true }])).toBe("1 preemptible (yielding capacity)");
+    expect(trackStatus([{}, { yielding: true }])).toBe("1 booking(s) in range, 1 preemptible (yielding capacity)");
   });
 });

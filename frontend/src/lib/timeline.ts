@@ -128,3 +128,15 @@ export function keyStep(key: string, shift: boolean): number | null {
 
 /** The zoom levels: how many times the track's width is stretched (the page scrolls it sideways). */
 export const ZOOMS = [1, 2, 4, 8, 16];
+
+/** A GPU track's state in words (its accessible label): the bookings in range and, among them, how many are
+ * preemptible work that a booking can take after its notice (yielding capacity, not booked for good). */
+export function trackStatus(segments: { yielding?: boolean }[]): string {
+  if (segments.length === 0) return "free";
+  const yielding = segments.filter((s) => s.yielding).length;
+  const firm = segments.length - yielding;
+  const parts: string[] = [];
+  if (firm) parts.push(`${firm} booking(s) in range`);
+  if (yielding) parts.push(`${yielding} preemptible (yielding capacity)`);
+  return parts.join(", ");
+}

@@ -6,7 +6,6 @@ import {
   Grid,
   Group,
   List,
-  NumberInput,
   SegmentedControl,
   Select,
   Stack,
@@ -22,10 +21,12 @@ import { ApiError, api } from "../api/client";
 import { useBalances, useGpuModels, useMe, useQuotas, useServers } from "../api/hooks";
 import type { EarliestAnswer, FreeAnswer, ReservationDetail, TimelineAnswer } from "../api/types";
 import { ErrorAlert, QueryState } from "../components/QueryState";
+import { ContainerFields, SpecFields } from "../components/BookingFields";
 import { DateTimeInput } from "../components/DateTimeInput";
 import { Timeline } from "../components/Timeline";
 import { useShownZone } from "../components/ZoneToggle";
 import { formatCredits, formatDateTime, formatHours, formatRelative, zoneLabel } from "../lib/format";
+import { commandWords } from "../lib/queue";
 import { hoursBetween, quotaEffect } from "../lib/quota";
 
 const HOUR = 3_600_000;
@@ -134,7 +135,7 @@ export function AvailabilityPage() {
         spec: { gpu_model: model, gpu_count: count },
         // "now" lets the server pick the instant, so a slow click never books a window already begun.
         window: { start: startNow ? "now" : startDate.toISOString(), end: endDate.toISOString() },
-        container: { image, command: command.trim() ? command.trim().split(/\s+/) : [], env: {} },
+        container: { image, command: commandWords(command), env: {} },
       }),
     onSuccess: async (r) => {
       await queryClient.invalidateQueries();
@@ -215,7 +216,8 @@ export function AvailabilityPage() {
             </Group>
             <Text size="xs" c="dimmed" mb="xs">
               Green is free, grey booked by others, blue your projects', hatched not bookable now (the reason beside the
-              server). Yellow is your window, on the GPUs a booking would get. Click a track (or focus the first one and use
+              server). Light hatched segments with a dashed edge are preemptible work: a booking can take those GPUs,
+              after the holder's notice. Yellow is your window, on the GPUs a booking would get. Click a track (or focus the first one and use
               the arrow keys) to start your window there; a click at the red "now" line starts it now.
             </Text>
             <QueryState
@@ -254,24 +256,17 @@ export function AvailabilityPage() {
                 error={fieldErr("project")}
                 allowDeselect={false}
               />
-              <Select
-                label="GPU model"
-                allowDeselect={false}
-                data={(models.data ?? []).map((m) => ({ value: m.name, label: `${m.name} (${formatCredits(m.billing_weight)} credits/GPU-h)` }))}
-                value={model}
-                onChange={(m) => {
-                  setModel(m);
-                  setViewModel(m);
+              <SpecFields
+                models={models.data ?? []}
+                value={{ by: "model", model, minMemoryGib: 0, size: "gpus", count }}
+                onChange={(next) => {
+                  if (next.model !== model) {
+                    setModel(next.model);
+                    setViewModel(next.model);
+                  }
+                  setCount(next.count);
                 }}
-                error={fieldErr("spec.gpu_model", "spec")}
-              />
-              <NumberInput
-                label="GPUs"
-                min={1}
-                max={4096}
-                value={count}
-                onChange={(v) => setCount(typeof v === "number" ? v : Number(v) || 0)}
-                error={fieldErr("spec.gpu_count")}
+                fieldErr={fieldErr}
               />
               <Checkbox
                 label="Start now"
@@ -325,10 +320,7 @@ export function AvailabilityPage() {
               </Card>
 
               <TextInput label="Name" value={name} onChange={(e) => setName(e.currentTarget.value)} error={fieldErr("name")} required />
-              <TextInput label="Container image" value={image} onChange={(e) => setImage(e.currentTarget.value)}
-                error={fieldErr("container.image", "container")} required />
-              <TextInput label="Command" description="Split on spaces; empty runs the image's own command" value={command}
-                onChange={(e) => setCommand(e.currentTarget.value)} error={fieldErr("container.command")} />
+              <ContainerFields image={image} command={command} onImage={setImage} onCommand={setCommand} fieldErr={fieldErr} />
 
               {book.error && (
                 <Alert color="red" title="The booking was refused" role="alert" data-testid="book-error">

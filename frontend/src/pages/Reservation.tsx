@@ -1,6 +1,7 @@
 import {
   Alert,
   Anchor,
+  Badge,
   Button,
   Card,
   Code,
@@ -48,6 +49,7 @@ import {
   telemetrySince,
   type RecentSamples,
 } from "../lib/telemetry";
+import { preemptedBy } from "../lib/queue";
 import { FINAL_STATES, heldText, whenText } from "../lib/reservation";
 import { useNow } from "../lib/useNow";
 
@@ -92,7 +94,27 @@ function ReservationView({ r }: { r: ReservationDetail }) {
           <Group gap="sm">
             <Title order={1} size="h2">{r.name}</Title>
             <StateBadge state={r.state} />
+            {r.preemptible && (
+              <Badge color="grape" variant="light" data-testid="preemptible-badge">
+                preemptible
+              </Badge>
+            )}
           </Group>
+          {r.preemptible && (
+            <Text size="sm" data-testid="preemptible-notice">
+              Preemptible: it runs on GPUs nobody booked, at {multiplierText(r.credit_multiplier)} the rate, and yields
+              them to a booking that needs them after {r.notice_seconds ?? 0} s of notice (SIGUSR1 and
+              /run/gpucp/warning, then SIGTERM at the cut).
+            </Text>
+          )}
+          {r.preempted_by && (
+            <Text size="sm" data-testid="preempted-by">
+              Preempted by{" "}
+              <Anchor component={Link} to={`/reservations/${r.preempted_by}`}>
+                reservation {shortUuid(r.preempted_by)}
+              </Anchor>
+            </Text>
+          )}
           <Text size="sm" c="dimmed" data-testid="reservation-when">
             {r.project} · {formatDateTime(r.starts_at)} – {formatDateTime(r.ends_at)} · {whenText(r, now)}
           </Text>
@@ -132,7 +154,9 @@ function ReservationView({ r }: { r: ReservationDetail }) {
             <Text fw={600} mb="xs">Events</Text>
             <MTimeline bulletSize={14} lineWidth={2} active={r.events.length}>
               {r.events.map((e, i) => (
-                <MTimeline.Item key={i} title={eventTitle(e)} data-testid={eventKind(e)}>
+                <MTimeline.Item key={i} title={eventTitle(e)} data-testid={eventKind(e)}
+                  className={preemptedBy(e.data) ? "event-preempted" : undefined}
+                  color={preemptedBy(e.data) ? "grape" : undefined}>
                   <Text size="xs" c="dimmed">
                     {formatDateTime(e.at)} · {e.actor_label || "system"}
                   </Text>
@@ -180,12 +204,14 @@ function isExtension(e: ReservationEvent): boolean {
 
 function eventKind(e: ReservationEvent): string {
   if (isSession(e.data)) return "event-session";
+  if (preemptedBy(e.data)) return "event-preempted";
   if (isExtension(e)) return "event-extended";
   return `event-${e.to_state}`;
 }
 
 function eventTitle(e: ReservationEvent): string {
   if (isSession(e.data)) return "SSH session";
+  if (preemptedBy(e.data)) return e.to_state === "cancelled" ? "Preempted before its start" : "Preempted: cut short";
   if (isExtension(e)) return "Extended";
   return `${e.from_state || "new"} → ${e.to_state}`;
 }
@@ -193,6 +219,19 @@ function eventTitle(e: ReservationEvent): string {
 /** What an event changed, from its data: an extension's old and new end, an early end, a charge. */
 function EventDetail({ e }: { e: ReservationEvent }) {
   const d = eventData(e);
+  const winner = preemptedBy(e.data);
+  if (winner) {
+    return (
+      <Text size="xs" data-testid="event-preempted-by">
+        For{" "}
+        <Anchor component={Link} to={`/reservations/${winner}`} size="xs">
+          reservation {shortUuid(winner)}
+        </Anchor>
+        {typeof d.ends_at === "string" ? `; ends ${formatDateTime(d.ends_at)}` : ""}
+        {typeof d.booked_ends_at === "string" ? ` (booked until ${formatDateTime(d.booked_ends_at)})` : ""}
+      </Text>
+    );
+  }
   if (isExtension(e)) {
     return (
       <Text size="xs" data-testid="event-extension-ends">
@@ -225,6 +264,9 @@ function CostPanel({ r }: { r: ReservationDetail }) {
         <Text fw={600} id="cost-title">Cost</Text>
         <Text size="sm" data-testid="cost-rate">
           {formatCredits(c.credits_per_hour)} credits/h
+          {c.credit_multiplier && Number(c.credit_multiplier) !== 1 && (
+            <span data-testid="cost-multiplier"> (its class's {multiplierText(c.credit_multiplier)} the booking rate)</span>
+          )}
         </Text>
       </Group>
       {over ? (
@@ -596,4 +638,9 @@ function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
       </Button>
     </Stack>
   );
+}
+
+/** A class's price factor in words: "0.5 ×". */
+function multiplierText(m: string | undefined): string {
+  return `${m ? Number(m).toLocaleString("en-US", { maximumFractionDigits: 3 }) : "1"} ×`;
 }

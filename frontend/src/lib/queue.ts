@@ -1,0 +1,187 @@
+// The queue's logic the pages share: the priority classes and what each means, the request body a submit form
+// sends, and a request's state, position and estimate in words.
+
+import type { QueueEntry, QueuedRequest, QueuedRequestDetail, Spec } from "../api/types";
+import { formatDateTime, formatDuration, formatMiB } from "./format";
+
+export interface PriorityClassInfo {
+  name: string;
+  label: string;
+  /** Its price factor, as the API applies it to the booking rate (docs/scheduling.md, the classes' table). */
+  multiplier: number;
+  preemptible: boolean;
+  /** The checkpoint notice a preemptible reservation gets before it yields its GPUs. */
+  noticeSeconds: number;
+  description: string;
+}
+
+/** The classes the API offers (docs/scheduling.md): the API names no list endpoint for them, so they are
+ * listed here with the terms the migrations give them. `high` may be restricted by a project's quota policy:
+ * the server then answers 400 at `priority_class`, shown at the field. */
+export const PRIORITY_CLASSES: PriorityClassInfo[] = [
+  {
+    name: "normal",
+    label: "Normal",
+    multiplier: 1,
+    preemptible: false,
+    noticeSeconds: 0,
+    description: "The booking rate. Waits its turn; never interrupted once started.",
+  },
+  {
+    name: "high",
+    label: "High",
+    multiplier: 1.5,
+    preemptible: false,
+    noticeSeconds: 0,
+    description: "1.5 times the booking rate. Served before normal requests, and may take GPUs from preemptible work.",
+  },
+  {
+    name: "preemptible",
+    label: "Preemptible",
+    multiplier: 0.5,
+    preemptible: true,
+    noticeSeconds: 120,
+    description:
+      "Half the booking rate. Runs only on GPUs nobody booked; when a booking needs them it yields them after 120 s of notice (SIGUSR1 and /run/gpucp/warning, then SIGTERM).",
+  },
+];
+
+export function classInfo(name: string | null | undefined): PriorityClassInfo | undefined {
+  return PRIORITY_CLASSES.find((c) => c.name === name);
+}
+
+/** How the GPUs are asked for: a model or a memory floor; a count of GPUs or of whole servers. */
+export interface SpecChoice {
+  by: "model" | "memory";
+  model: string | null;
+  /** GiB, as typed; sent in MiB. */
+  minMemoryGib: number;
+  size: "gpus" | "servers";
+  count: number;
+}
+
+/** The API's `spec` from the form's choice: exactly one of model / memory, one of count / whole servers. */
+export function specBody(c: SpecChoice): Partial<Spec> {
+  const spec: Partial<Spec> = {};
+  if (c.by === "model") spec.gpu_model = c.model;
+  else spec.min_memory_mib = Math.round(c.minMemoryGib * 1024);
+  if (c.size === "gpus") spec.gpu_count = c.count;
+  else spec.whole_servers = c.count;
+  return spec;
+}
+
+/** A spec in words: "4 x H100-80GB", "2 whole servers of >= 80 GiB GPUs". */
+export function specText(spec: Partial<Spec>): string {
+  const what = spec.gpu_model ?? (spec.min_memory_mib ? `GPUs of >= ${formatMiB(spec.min_memory_mib)}` : "any GPUs");
+  if (spec.whole_servers) return `${spec.whole_servers} whole server${spec.whole_servers === 1 ? "" : "s"} of ${what}`;
+  return `${spec.gpu_count ?? 1} x ${what}`;
+}
+
+export interface SubmitForm {
+  project: string | null;
+  name: string;
+  spec: SpecChoice;
+  durationHours: number;
+  startBy: number | null;
+  priorityClass: string;
+  requeue: boolean;
+  image: string;
+  command: string;
+}
+
+/** The body of POST requests/. `requeue` only goes with a preemptible class (only there is it meaningful). */
+export function submitBody(f: SubmitForm): Record<string, unknown> {
+  const preemptible = classInfo(f.priorityClass)?.preemptible ?? false;
+  return {
+    project: f.project,
+    name: f.name,
+    spec: specBody(f.spec),
+    duration: Math.round(f.durationHours * 3600),
+    ...(f.startBy !== null ? { start_by: new Date(f.startBy).toISOString() } : {}),
+    priority_class: f.priorityClass,
+    requeue: preemptible && f.requeue,
+    container: { image: f.image, command: commandWords(f.command), env: {} },
+  };
+}
+
+/** A command line split on spaces, as the booking form sends it; empty runs the image's own command. */
+export function commandWords(command: string): string[] {
+  return command.trim() ? command.trim().split(/\s+/) : [];
+}
+
+/** What the form can tell before the server does; the server's field errors are shown at the fields too. */
+export function submitProblems(f: SubmitForm, now: number = Date.now()): string[] {
+  const problems: string[] = [];
+  if (!f.project) problems.push("Pick a project.");
+  if (!f.name.trim()) problems.push("Give the request a name.");
+  if (f.spec.by === "model" && !f.spec.model) problems.push("Pick a GPU model.");
+  if (f.spec.by === "memory" && !(f.spec.minMemoryGib > 0)) problems.push("Give the least GPU memory, in GiB.");
+  if (!(f.spec.count >= 1)) problems.push(f.spec.size === "gpus" ? "Ask for at least one GPU." : "Ask for at least one server.");
+  if (!(f.durationHours > 0)) problems.push("The duration must be more than zero.");
+  if (f.startBy !== null && f.startBy <= now) problems.push("Start by must be in the future.");
+  if (!f.image.trim()) problems.push("Give a container image.");
+  return problems;
+}
+
+/** Where a request stands, in a few words, for the queue's table. */
+export function standing(r: QueuedRequest | QueuedRequestDetail): string {
+  const d = r as Partial<QueuedRequestDetail>;
+  if (r.state === "queued") {
+    const at = d.position ? `#${d.position} in the queue` : "queued";
+    return at;
+  }
+  if (r.state === "held") return "held by an operator";
+  if (r.state === "started") return "started";
+  return r.state;
+}
+
+/** States the owner may still cancel (docs/scheduling.md: queued, and held once operators hold requests). */
+export function cancellable(r: QueuedRequest): boolean {
+  return r.state === "queued" || r.state === "held";
+}
+
+export function durationText(r: { duration_seconds: number }): string {
+  return formatDuration(r.duration_seconds);
+}
+
+/** Preemption events on a reservation: their data names the winner (`preempted_by`). */
+export function preemptedBy(data: unknown): string | null {
+  if (data && typeof data === "object" && "preempted_by" in data) {
+    const v = (data as { preempted_by: unknown }).preempted_by;
+    return typeof v === "string" && v ? v : null;
+  }
+  return null;
+}
+
+/** A row of the operators' whole-queue view from a plain request, for servers without requests/queue/ yet
+ * (the list is every project's to an operator): no position or fair share, the spec put in words here. */
+export function toQueueEntry(r: QueuedRequest): QueueEntry {
+  return {
+    position: null,
+    id: r.id,
+    project: r.project,
+    name: r.name,
+    priority_class: r.priority_class,
+    state: r.state,
+    spec: specText(r.spec),
+    duration_seconds: r.duration_seconds,
+    fair_share_factor: null,
+    reason: r.reason,
+    blocked_by: r.blocked_by ?? null,
+    blocked_until: r.blocked_until ?? null,
+    created_at: r.created_at,
+  };
+}
+
+/** The operators' actions a row offers: hold a queued request, release a held one; a class change for both. */
+export function operatorActions(state: string): { hold: boolean; release: boolean; changeClass: boolean } {
+  return { hold: state === "queued", release: state === "held", changeClass: state === "queued" || state === "held" };
+}
+
+const ISO_INSTANT = /\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})/g;
+
+/** The server's reason with each ISO 8601 instant in it ("... fits starts at 2026-12-01T23:19:00Z") written
+ * the portal's one way, in the zone shown, as every other time on the page. */
+export function reasonText(reason: string, zone?: string): string {
+  return reason.replace(ISO_INSTANT, (iso) => (Number.isNaN(Date.parse(iso)) ? iso : formatDateTime(iso, zone)));
+}
