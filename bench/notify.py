@@ -156,8 +156,8 @@ def run_pipeline(args: argparse.Namespace) -> None:
                     break
                 time.sleep(0.01)
                 continue
-            for pk in ids:
-                services.event_fan_out(event_id=pk)
+            for start in range(0, len(ids), args.fanout_batch):
+                services.events_fan_out(event_ids=ids[start : start + args.fanout_batch])
         connection.close()
 
     fanned = threading.Event()
@@ -246,6 +246,7 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=50)
     parser.add_argument("--senders", type=int, default=8)
     parser.add_argument("--fanouts", type=int, default=2)
+    parser.add_argument("--fanout-batch", type=int, default=20, help="events per fan-out transaction")
     args = parser.parse_args()
     url = os.environ.get("DATABASE_URL", DEFAULT_URL)
     if not url.startswith(("postgres://", "postgresql://")):
