@@ -13,11 +13,11 @@ import json
 import threading
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import urllib3
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -229,15 +229,15 @@ _RECORDED = (
 
 @transaction.atomic
 def _record(endpoint: WebhookEndpoint, outcomes: list[tuple[WebhookDelivery, dict[str, Any]]]) -> None:
-    """A batch's outcomes in one statement and one commit; a last attempt that failed disables the endpoint in
-    the same transaction. Conditional on the delivery still pending, like every state change here."""
+    """A batch's outcomes in one commit; a last attempt that failed disables the endpoint in the same
+    transaction. Conditional on the delivery still pending, like every state change here."""
     if not outcomes:
         return
     # One parametrized statement per delivery, sent together (psycopg pipelines executemany) in one commit: a
     # CASE over a whole batch costs more to build than it saves.
-    model_fields = [WebhookDelivery._meta.get_field(name) for name in _RECORDED]
+    model_fields = [cast("models.Field[Any, Any]", WebhookDelivery._meta.get_field(name)) for name in _RECORDED]
     table = connection.ops.quote_name(WebhookDelivery._meta.db_table)
-    sets = ", ".join(f"{connection.ops.quote_name(f.column)} = %s" for f in model_fields)
+    sets = ", ".join(f"{connection.ops.quote_name(f.get_attname_column()[1] or f.name)} = %s" for f in model_fields)
     rows = [
         [*(f.get_db_prep_save(fields[f.name], connection) for f in model_fields), d.pk, DeliveryState.PENDING.value]
         for d, fields in outcomes
