@@ -62,15 +62,6 @@ def _pool(target: urlcheck.Target) -> urllib3.HTTPConnectionPool:
     return pool
 
 
-def post(url: str, *, body: bytes, headers: dict[str, str]) -> tuple[int | None, str, str]:
-    """(status code or None, response excerpt, error) of one POST; never raises for the network's failures."""
-    try:
-        target = urlcheck.resolve(url)
-    except urlcheck.UrlRefused as exc:
-        return None, "", f"refused: {exc}"
-    return post_to(target, body=body, headers=headers)
-
-
 def post_to(target: urlcheck.Target, *, body: bytes, headers: dict[str, str]) -> tuple[int | None, str, str]:
     """One POST to an address that passed the check, over this thread's kept-alive connection to it."""
     default_port = 443 if target.scheme == "https" else 80
@@ -252,14 +243,6 @@ def _record(endpoint: WebhookEndpoint, outcomes: list[tuple[WebhookDelivery, dic
         _disable(
             endpoint, delivery=last, error=fields["last_error"], now=datetime.fromisoformat(fields["history"][-1]["at"])
         )
-
-
-def attempt(delivery: WebhookDelivery, *, now: datetime, clock: Any = timezone.now) -> bool:
-    """One attempt of one delivery, recorded; True when the receiver answered 2xx."""
-    endpoint = delivery.endpoint
-    ok, fields = _send(delivery, endpoint, _check(endpoint.url), now=now, clock=clock)
-    _record(endpoint, [(delivery, fields)])
-    return ok
 
 
 def _disable(endpoint: WebhookEndpoint, *, delivery: WebhookDelivery, error: str, now: datetime) -> None:
