@@ -1,6 +1,6 @@
 """Webhook fan-out: events to many endpoints, event -> delivery latency, beside a bare HTTP POST loop.
 
-    .venv/bin/python bench/notify.py [--events 10000] [--endpoints 50] [--senders 8] [--fanouts 2]
+    .venv/bin/python bench/notify.py [--events 10000] [--endpoints 50] [--senders 8] [--fanouts 2] [--fanout-batch 20]
 
 DATABASE_URL (default postgres://postgres@127.0.0.1:5432/bench_notify) must be PostgreSQL; the database is
 dropped and created afresh on every run.
@@ -8,7 +8,8 @@ dropped and created afresh on every run.
 One project has ``--endpoints`` webhook endpoints, each a path of one local receiver (http.server, threaded,
 HTTP/1.1 keep-alive) that checks every Standard Webhooks signature and records when each message arrived. A
 producer writes ``--events`` events as fast as it can (the outbox rows a state change writes); ``--fanouts``
-threads fan each one out (services.event_fan_out: its notification and one delivery per endpoint), and
+threads fan them out, ``--fanout-batch`` events per transaction (services.events_fan_out, what the beat's
+reconciler runs: their notifications and one delivery per endpoint, in bulk), and
 ``--senders`` threads send the endpoints' queues (delivery.deliver_endpoint, the code a Celery worker runs), each
 sender owning a share of the endpoints. Latency is the receiver's arrival time minus the event's time.
 
@@ -156,8 +157,8 @@ def run_pipeline(args: argparse.Namespace) -> None:
                     break
                 time.sleep(0.01)
                 continue
-            for pk in ids:
-                services.event_fan_out(event_id=pk)
+            for start in range(0, len(ids), args.fanout_batch):
+                services.events_fan_out(event_ids=ids[start : start + args.fanout_batch])
         connection.close()
 
     fanned = threading.Event()
@@ -246,6 +247,7 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=50)
     parser.add_argument("--senders", type=int, default=8)
     parser.add_argument("--fanouts", type=int, default=2)
+    parser.add_argument("--fanout-batch", type=int, default=20, help="events per fan-out transaction")
     args = parser.parse_args()
     url = os.environ.get("DATABASE_URL", DEFAULT_URL)
     if not url.startswith(("postgres://", "postgresql://")):

@@ -8,7 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, F, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from controlplane.accounts.choices import Role
@@ -81,62 +82,94 @@ def channels_for(users: list[Any], event_type: str) -> dict[int, str]:
     return {u.pk: chosen.get(u.pk, default) for u in users}
 
 
-def endpoints_for(event: Event) -> list[WebhookEndpoint]:
-    if event.project_id is None or event.type in OPERATOR_EVENTS:
-        return []
-    return [
-        e
-        for e in WebhookEndpoint.objects.filter(project_id=event.project_id, enabled=True).order_by("pk")
-        if event.type in e.events
-    ]
-
-
-@transaction.atomic
 def event_fan_out(*, event_id: int, now: datetime | None = None) -> bool:
     """Write an event's notifications, emails and webhook deliveries, once: False when another fan-out did
     (or the event is gone). Sending happens in tasks after the commit."""
+    return events_fan_out(event_ids=[event_id], now=now) == 1
+
+
+@transaction.atomic
+def events_fan_out(*, event_ids: list[int], now: datetime | None = None) -> int:
+    """Fan out many events in one transaction, with a fixed number of statements however many they are: one
+    bulk insert each of notifications, emails and deliveries, one update of the events. Returns how many it
+    fanned out; events another fan-out holds (locked) or did are skipped, never waited for."""
     now = now or timezone.now()
-    event = (
-        Event.objects.select_for_update(of=("self",))
+    events = list(
+        Event.objects.select_for_update(of=("self",), skip_locked=True)
         .select_related("reservation", "project", "server")
-        .filter(pk=event_id, fanned_out_at__isnull=True)
-        .first()
+        .filter(pk__in=event_ids, fanned_out_at__isnull=True)
+        .order_by("pk")
     )
-    if event is None:
-        return False
-    data = _data(event)
-    event.payload = data
-    title, body = messages.describe(event, data)
-    users = recipients(event)
-    channels = channels_for(users, event.type)
-    Notification.objects.bulk_create(
-        [Notification(user=u, event=event, title=title[:200], body=body, created_at=now) for u in users],
-        ignore_conflicts=True,
+    if not events:
+        return 0
+    # Who receives, and through which channel, is the same for every event of one project and type.
+    people: dict[tuple[bool, int | None], list[Any]] = {}
+    chosen: dict[tuple[bool, int | None, str], dict[int, str]] = {}
+    hooks_of: dict[int, list[WebhookEndpoint]] = {}
+    notifications: list[Notification] = []
+    emails: list[EmailMessage] = []
+    deliveries: list[WebhookDelivery] = []
+    for event in events:
+        data = _data(event)
+        event.payload = data
+        title, body = messages.describe(event, data)
+        who = (event.type in OPERATOR_EVENTS, event.project_id)
+        if who not in people:
+            people[who] = recipients(event)
+        users = people[who]
+        if (*who, event.type) not in chosen:
+            chosen[(*who, event.type)] = channels_for(users, event.type)
+        channels = chosen[(*who, event.type)]
+        notifications += [
+            Notification(user=u, event=event, title=title[:200], body=body, created_at=now) for u in users
+        ]
+        emails += [
+            _email_row(user=u, event=event, subject=title, text=body, link=data["link"], now=now)
+            for u in users
+            if channels[u.pk] == Channel.EMAIL and u.email
+        ]
+        if event.project_id is not None and event.type not in OPERATOR_EVENTS:
+            if event.project_id not in hooks_of:
+                hooks_of[event.project_id] = list(
+                    WebhookEndpoint.objects.filter(project_id=event.project_id, enabled=True).order_by("pk")
+                )
+            deliveries += [
+                WebhookDelivery(endpoint=e, event=event, next_attempt_at=now, created_at=now)
+                for e in hooks_of[event.project_id]
+                if event.type in e.events
+            ]
+    Notification.objects.bulk_create(notifications, ignore_conflicts=True)
+    EmailMessage.objects.bulk_create(emails)
+    WebhookDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
+    payload = Event._meta.get_field("payload")
+    done = Event.objects.filter(pk__in=[e.pk for e in events], fanned_out_at__isnull=True).update(
+        fanned_out_at=now,
+        payload=Cast(
+            Case(*[When(pk=e.pk, then=Value(e.payload, output_field=payload)) for e in events], output_field=payload),
+            output_field=payload,
+        ),
     )
-    emails = [
-        _email(user=u, event=event, subject=title, text=body, link=data["link"], now=now)
-        for u in users
-        if channels[u.pk] == Channel.EMAIL and u.email
-    ]
-    endpoints = endpoints_for(event)
-    WebhookDelivery.objects.bulk_create(
-        [WebhookDelivery(endpoint=e, event=event, next_attempt_at=now, created_at=now) for e in endpoints],
-        ignore_conflicts=True,
-    )
-    if Event.objects.filter(pk=event.pk, fanned_out_at__isnull=True).update(fanned_out_at=now, payload=data) != 1:
-        # Under the row lock nobody else can have done it; kept as the conditional update the style asks for.
-        raise Conflict("The event was fanned out meanwhile.", code="conflict")
+    if done != len(events):
+        # Under the row locks nobody else can have done it; kept as the conditional update the style asks for.
+        raise Conflict("An event was fanned out meanwhile.", code="conflict")
     email_ids = [m.pk for m in emails]
-    endpoint_ids = [e.pk for e in endpoints]
+    endpoint_ids = sorted({d.endpoint_id for d in deliveries})
     transaction.on_commit(lambda: _enqueue_sends(email_ids=email_ids, endpoint_ids=endpoint_ids))
-    return True
+    return len(events)
 
 
 def _email(*, user: Any, event: Event | None, subject: str, text: str, link: str, now: datetime) -> EmailMessage:
+    message = _email_row(user=user, event=event, subject=subject, text=text, link=link, now=now)
+    message.save()
+    return message
+
+
+def _email_row(*, user: Any, event: Event | None, subject: str, text: str, link: str, now: datetime) -> EmailMessage:
+    """An email to send, not yet saved (a fan-out inserts its emails together)."""
     from django.template.loader import render_to_string
 
     context = {"subject": subject, "text": text, "link": link, "user": user}
-    return EmailMessage.objects.create(
+    return EmailMessage(
         user=user,
         event=event,
         to_address=user.email,

@@ -36,10 +36,11 @@ def reconcile() -> bool:
     now = timezone.now()
     found = False
     stale = now - timedelta(seconds=RECONCILE_AFTER_S)
-    for event_id in Event.objects.filter(fanned_out_at__isnull=True, occurred_at__lt=stale).values_list(
-        "pk", flat=True
-    )[:100]:
-        found = services.event_fan_out(event_id=event_id) or found
+    left = list(
+        Event.objects.filter(fanned_out_at__isnull=True, occurred_at__lt=stale).values_list("pk", flat=True)[:500]
+    )
+    if left:  # together: one transaction and a handful of statements for all of them
+        found = services.events_fan_out(event_ids=left) > 0
     now = timezone.now()  # what the fan-out just queued is due now too
     for email_id in emails.due_emails(now):
         found = True

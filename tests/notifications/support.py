@@ -35,6 +35,7 @@ class Receiver:
 
     secrets: list[str] = field(default_factory=list)
     fail_first: int = 0
+    fail_numbers: set[int] = field(default_factory=set)  # these POSTs (1 = the first) fail too
     status_when_failing: int = 500
     received: list[Received] = field(default_factory=list)
     answered: list[int] = field(default_factory=list)
@@ -69,7 +70,8 @@ class Receiver:
                 ]
                 with receiver.lock:
                     receiver.received.append(Received(msg_id, ts, sig, body, ok))
-                    failing = len(receiver.received) <= receiver.fail_first
+                    n = len(receiver.received)
+                    failing = n <= receiver.fail_first or n in receiver.fail_numbers
                 status = receiver.status_when_failing if failing else (200 if ok else 401)
                 with receiver.lock:
                     receiver.answered.append(status)

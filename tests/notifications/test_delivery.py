@@ -201,3 +201,99 @@ def test_the_reconciler_fans_out_and_sends_what_a_lost_task_left(world: Any, rec
     assert reconcile()
     assert len(receiver.verified()) == 1
     assert not reconcile()
+
+
+# -- Batches ----------------------------------------------------------------------------------------------------
+def _queue(proj: Any, owner: Any, model: Any, n: int) -> list[str]:
+    server(model, gpus=8)  # room for a longer queue than the world's four GPUs hold
+    names = [f"job-{i}" for i in range(n)]
+    for name in names:
+        _book(proj, owner, model, name)
+    _fan_out()
+    return names
+
+
+def _names(receiver: Receiver) -> list[str]:
+    return [r.payload["data"]["reservation"]["name"] for r in receiver.received]
+
+
+def test_a_queue_longer_than_a_batch_goes_out_in_event_order_and_is_recorded_per_delivery(
+    world: Any, receiver: Receiver, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(delivery, "BATCH", 2)
+    proj, owner, model, endpoint = world
+    names = _queue(proj, owner, model, 5)
+    assert delivery.deliver_endpoint(endpoint_id=endpoint.pk) == 5
+    assert _names(receiver) == names
+    rows = list(WebhookDelivery.objects.order_by("event_id"))
+    assert [(d.state, d.attempts, d.last_status_code) for d in rows] == [(DeliveryState.DELIVERED, 1, 200)] * 5
+    assert all(d.delivered_at and len(d.history) == 1 and d.history[0]["status_code"] == 200 for d in rows)
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).lease_until is None
+
+
+def test_a_batch_costs_a_fixed_number_of_statements(
+    world: Any, receiver: Receiver, django_assert_max_num_queries: Any
+) -> None:
+    proj, owner, model, endpoint = world
+    _queue(proj, owner, model, 8)
+    # Claim, read the batch, read the next (empty) one, release; the outcomes: one pipelined executemany.
+    with django_assert_max_num_queries(6):
+        assert delivery.deliver_endpoint(endpoint_id=endpoint.pk) == 8
+    assert len(receiver.verified()) == 8
+
+
+def test_a_failure_in_the_middle_of_a_batch_holds_back_the_rest_then_a_retry_resumes_in_order(
+    world: Any, receiver: Receiver, settings: Any
+) -> None:
+    settings.NOTIFICATIONS_WEBHOOK_RETRY_S = [10, 20]
+    proj, owner, model, endpoint = world
+    names = _queue(proj, owner, model, 5)
+    receiver.fail_numbers = {3}
+    clock = Clock()
+    assert delivery.deliver_endpoint(endpoint_id=endpoint.pk, clock=clock) == 3  # two delivered, the third failed
+    assert _names(receiver) == names[:3]
+    rows = list(WebhookDelivery.objects.order_by("event_id"))
+    assert [d.state for d in rows] == [DeliveryState.DELIVERED] * 2 + [DeliveryState.PENDING] * 3
+    assert (rows[2].attempts, rows[2].last_status_code) == (1, 500)
+    assert rows[2].next_attempt_at == clock.now + timedelta(seconds=10)
+    assert [d.attempts for d in rows[3:]] == [0, 0]  # held back, never tried
+    assert delivery.deliver_endpoint(endpoint_id=endpoint.pk, clock=clock) == 0  # the failed one is not due yet
+    clock.now += timedelta(seconds=10)
+    assert delivery.deliver_endpoint(endpoint_id=endpoint.pk, clock=clock) == 3
+    assert _names(receiver) == [*names[:3], *names[2:]]  # the retry first, then the ones it held back
+    assert set(WebhookDelivery.objects.values_list("state", flat=True)) == {DeliveryState.DELIVERED}
+    third = WebhookDelivery.objects.order_by("event_id")[2]
+    assert [h["status_code"] for h in third.history] == [500, 200]
+
+
+def test_the_last_attempt_failing_mid_batch_disables_the_endpoint_and_keeps_the_rest_pending(
+    world: Any, receiver: Receiver, settings: Any
+) -> None:
+    settings.NOTIFICATIONS_WEBHOOK_RETRY_S = []
+    proj, owner, model, endpoint = world
+    _queue(proj, owner, model, 3)
+    receiver.fail_numbers = {2}
+    assert delivery.deliver_endpoint(endpoint_id=endpoint.pk) == 2
+    rows = list(WebhookDelivery.objects.order_by("event_id"))
+    assert [d.state for d in rows] == [DeliveryState.DELIVERED, DeliveryState.FAILED, DeliveryState.PENDING]
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled and endpoint.lease_until is None
+    assert EmailMessage.objects.filter(subject__startswith="Webhook disabled").count() == 1
+
+
+def test_many_events_fan_out_in_one_transaction_with_a_fixed_number_of_statements(
+    world: Any, receiver: Receiver, django_assert_max_num_queries: Any
+) -> None:
+    proj, owner, model, endpoint = world
+    server(model, gpus=8)
+    second = services.endpoint_create(project=proj, url=receiver.url, events=EVENTS, description="", actor=owner)
+    for i in range(6):
+        _book(proj, owner, model, f"job-{i}")
+    ids = list(Event.objects.filter(fanned_out_at__isnull=True).values_list("pk", flat=True))
+    with django_assert_max_num_queries(12):
+        assert services.events_fan_out(event_ids=ids) == len(ids)
+    assert WebhookDelivery.objects.filter(endpoint=endpoint).count() == 6
+    assert WebhookDelivery.objects.filter(endpoint=second).count() == 6
+    assert not Event.objects.filter(fanned_out_at__isnull=True).exists()
+    assert services.events_fan_out(event_ids=ids) == 0  # once
+    assert Event.objects.filter(pk__in=ids).exclude(payload__event_id=None).count() == len(ids)
