@@ -20,12 +20,13 @@ from typing import Any, cast
 import urllib3
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import Q
+from django.db.models import Q, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from controlplane.notifications import messages, signing, urlcheck
 from controlplane.notifications.choices import DeliveryState
-from controlplane.notifications.models import WebhookDelivery, WebhookEndpoint
+from controlplane.notifications.models import Event, WebhookDelivery, WebhookEndpoint
 
 # Longer than one attempt can take (connect plus read timeout), renewed before each attempt.
 LEASE_S = 120
@@ -33,6 +34,9 @@ EXCERPT_CHARS = 500
 USER_AGENT = "gpucp-webhooks/1"
 # Deliveries read, sent and recorded together (one read, one commit); a slow receiver renews the lease mid-batch.
 BATCH = 100
+# The first event whose fan-out has not committed yet; with none, every event id is below the bound.
+_first_unfanned = Event.objects.filter(fanned_out_at__isnull=True).order_by("id").values("id")[:1]
+_NO_EVENT = 2**63 - 1
 
 _pools = threading.local()
 
@@ -122,6 +126,10 @@ def deliver_endpoint(*, endpoint_id: int, limit: int = 500, clock: Any = timezon
             wanted = min(BATCH, limit - attempts)
             batch = list(
                 WebhookDelivery.objects.filter(endpoint_id=endpoint_id, state=DeliveryState.PENDING)
+                # Order across fan-outs: two fan-out workers may commit event 102's deliveries before event
+                # 101's; nothing past the first event still waiting for its fan-out goes out yet, so 101 can
+                # never arrive after 102 (a read of the pending events' partial index).
+                .filter(event_id__lt=Coalesce(Subquery(_first_unfanned), Value(_NO_EVENT)))
                 .select_related("event", "endpoint__project")
                 .order_by("event_id")[:wanted]
             )

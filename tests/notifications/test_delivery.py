@@ -297,3 +297,20 @@ def test_many_events_fan_out_in_one_transaction_with_a_fixed_number_of_statement
     assert not Event.objects.filter(fanned_out_at__isnull=True).exists()
     assert services.events_fan_out(event_ids=ids) == 0  # once
     assert Event.objects.filter(pk__in=ids).exclude(payload__event_id=None).count() == len(ids)
+
+
+def test_nothing_past_an_event_still_waiting_for_its_fan_out_is_sent(world: Any, receiver: Receiver) -> None:
+    # Two fan-out workers may commit out of order: event B's deliveries exist while A, earlier, waits. B must
+    # not overtake A at the endpoint.
+    proj, owner, model, endpoint = world
+    server(model, gpus=8)
+    _book(proj, owner, model, "first")
+    _book(proj, owner, model, "second")
+    first, second = Event.objects.filter(type=EventType.BOOKED).order_by("id")[:2]
+    services.event_fan_out(event_id=second.pk)
+    assert WebhookDelivery.objects.filter(event=second).exists()
+    assert delivery.deliver_endpoint(endpoint_id=endpoint.pk) == 0  # held back behind the first
+    services.event_fan_out(event_id=first.pk)
+    _fan_out()
+    assert delivery.deliver_endpoint(endpoint_id=endpoint.pk) >= 2
+    assert _names(receiver)[:2] == ["first", "second"]
