@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from controlplane.accounting.services import usage_record_reservation
 from controlplane.dispatch import reports, services
 from controlplane.dispatch.models import Launch
 from controlplane.ledger.selectors import project_balance
@@ -57,3 +58,11 @@ def test_the_desired_state_names_exactly_the_booked_mig_uuids_and_charges_by_sli
     assert set(r.events.last().data["gpu_seconds"]) == set(booked)
     # 2 slices x 1/8 x weight 4 x 0.25 h = 0.25 credits charged, the rest of the hold released.
     assert project_balance(project_id=proj.pk) == pytest.approx(Decimal("99.75"), abs=Decimal("0.01"))
+
+    # The usage record is measured by the MIG uuids too, and costs the slices' share of the GPU's price.
+    [record] = usage_record_reservation(reservation=r)  # both slices are on one GPU: one record for it
+    assert record.measured is True
+    assert record.gpu_seconds == pytest.approx(1800.0, abs=5)  # two slices x 900 s
+    assert record.credits == pytest.approx(Decimal("0.25"), abs=Decimal("0.01"))
+    # Price 2 an hour x 1/8 x 0.5 slice-hours.
+    assert record.cost == pytest.approx(Decimal("0.125"), abs=Decimal("0.01"))
