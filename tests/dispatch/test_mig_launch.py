@@ -10,8 +10,10 @@ import pytest
 from django.utils import timezone
 
 from controlplane.accounting.services import usage_record_reservation
-from controlplane.dispatch import reports, services
+from controlplane.dispatch import recovery, reports, services
 from controlplane.dispatch.models import Launch
+from controlplane.inventory.choices import ServerState
+from controlplane.inventory.models import Server
 from controlplane.ledger.selectors import project_balance
 from controlplane.reservations import services as reservations
 from controlplane.reservations.choices import ReservationState
@@ -66,3 +68,26 @@ def test_the_desired_state_names_exactly_the_booked_mig_uuids_and_charges_by_sli
     assert record.credits == pytest.approx(Decimal("0.25"), abs=Decimal("0.01"))
     # Price 2 an hour x 1/8 x 0.5 slice-hours.
     assert record.cost == pytest.approx(Decimal("0.125"), abs=Decimal("0.01"))
+
+
+def test_an_interrupted_slice_booking_is_requeued_as_slices_of_its_profile():
+    h100 = gpu_model()
+    first = mig_server(h100, [SEVEN_ONES])
+    second = mig_server(h100, [SEVEN_ONES])
+    now = timezone.now()
+    r = reservations.reservation_create(
+        project=project(),
+        name="job",
+        spec=GpuSpec(mig_profile="1g.10gb", gpu_count=1),
+        window=Window(now, now + timedelta(hours=1)),
+        container=CONTAINER,
+        actor=UserFactory(),
+        now=now,
+    )
+    lost = r.allocations.get().gpu.server
+    assert lost in (first, second)
+    Server.objects.filter(pk=lost.pk).update(state=ServerState.MAINTENANCE)
+    follow_up = recovery.requeue(reservation=r, now=timezone.now())
+    assert follow_up is not None and follow_up.mig_profile == "1g.10gb"
+    [allocation] = follow_up.allocations.select_related("mig_device", "gpu")
+    assert allocation.mig_device is not None and allocation.gpu.server_id != lost.pk
