@@ -44,12 +44,30 @@ _REASON_MAX = 1000
 
 
 class SpecSerializer(serializers.Serializer):
-    """What to book: a GPU model, a minimum memory or a MIG profile; a GPU count or a number of whole servers."""
+    """What to book: a GPU model or a minimum memory; a GPU count or a number of whole servers."""
 
     gpu_model = GpuModelField(required=False, allow_null=True, help_text="Catalog name, e.g. H100-80GB; any case.")
     min_memory_mib = serializers.IntegerField(min_value=1, max_value=_MEMORY_MAX_MIB, required=False, allow_null=True)
     gpu_count = serializers.IntegerField(min_value=1, max_value=_GPU_COUNT_MAX, required=False, allow_null=True)
     whole_servers = serializers.IntegerField(min_value=1, max_value=_WHOLE_SERVERS_MAX, required=False, allow_null=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors = {}
+        if (attrs.get("gpu_model") is None) == (attrs.get("min_memory_mib") is None):
+            errors["gpu_model"] = ["Give either a GPU model or a minimum GPU memory, not both or neither."]
+        if (attrs.get("gpu_count") is None) == (attrs.get("whole_servers") is None):
+            errors["gpu_count"] = ["Give either a GPU count or a number of whole servers, not both or neither."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class BookingSpecSerializer(SpecSerializer):
+    """A booking's spec: also MIG slices, a profile and a count (docs/fractional.md, "Booking slices").
+
+    Only booking takes a profile; the availability reads and the queue take the GPU specs alone (their
+    searches do not cover slices yet), so there a ``mig_profile`` is not a field."""
+
     mig_profile = serializers.RegexField(
         MIG_PROFILE_RE.pattern,
         max_length=32,
@@ -73,13 +91,7 @@ class SpecSerializer(serializers.Serializer):
             if errors:
                 raise serializers.ValidationError(errors)
             return attrs
-        if (attrs.get("gpu_model") is None) == (attrs.get("min_memory_mib") is None):
-            errors["gpu_model"] = ["Give either a GPU model or a minimum GPU memory, not both or neither."]
-        if (attrs.get("gpu_count") is None) == (attrs.get("whole_servers") is None):
-            errors["gpu_count"] = ["Give either a GPU count or a number of whole servers, not both or neither."]
-        if errors:
-            raise serializers.ValidationError(errors)
-        return attrs
+        return super().validate(attrs)
 
 
 def spec_from(data: dict[str, Any]) -> GpuSpec:
@@ -89,7 +101,7 @@ def spec_from(data: dict[str, Any]) -> GpuSpec:
         min_memory_mib=data.get("min_memory_mib"),
         gpu_count=data.get("gpu_count"),
         whole_servers=data.get("whole_servers"),
-        mig_profile=data.get("mig_profile"),
+        mig_profile=data.get("mig_profile"),  # a BookingSpecSerializer's only
     )
 
 
@@ -215,7 +227,7 @@ class ReservationCreateSerializer(serializers.Serializer):
         help_text="The project's slug; you must be its owner or a member.",
     )
     name = serializers.CharField(max_length=_NAME_MAX)
-    spec = SpecSerializer()
+    spec = BookingSpecSerializer()
     window = WindowSerializer()
     container = ContainerSerializer()
 
