@@ -102,7 +102,13 @@ def test_the_readme_first_booking_runs_as_written_and_a_retry_books_nothing_new(
     first = bash(rest, cwd=tmp_path, env=env)
     booked = json_lines(first)[0]
     assert booked.get("state") == "scheduled", first
-    assert booked["spec"] == {"gpu_model": "H100-80GB", "min_memory_mib": None, "gpu_count": 2, "whole_servers": None}
+    assert booked["spec"] == {
+        "gpu_model": "H100-80GB",
+        "min_memory_mib": None,
+        "gpu_count": 2,
+        "whole_servers": None,
+        "mig_profile": None,
+    }
 
     # Run unchanged a while later, in the same shell as the reader would, and on to the second block: `now` is
     # later, the request is the same, nothing new is booked; then extend and cancel with the B, H and ID set.

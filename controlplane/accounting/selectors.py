@@ -330,8 +330,8 @@ def unsettled_parts(
     allocations = (
         Allocation.objects.filter(starts_at__lt=upto, ends_at__gt=start)
         .filter(~Exists(recorded))
-        .select_related("reservation", "gpu__model")
-        .order_by("reservation_id", "gpu_id")
+        .select_related("reservation", "gpu__model", "mig_device")
+        .order_by("reservation_id", "gpu_id", "slice_start")
     )
     if project is not None:
         allocations = allocations.filter(reservation__project=project)
@@ -351,11 +351,13 @@ def unsettled_parts(
                 continue
             booked = dict(split_by_hour(lo, hi))
             used: dict[datetime, float] = defaultdict(float)
-            for a, b in ran.get(allocation.gpu.uuid, []):
+            for a, b in ran.get(allocation.device_uuid, []):
                 a, b = max(a, lo), min(b, hi)
                 for hour, seconds in split_by_hour(a, b) if b > a else ():
                     used[hour] += seconds
             model = allocation.gpu.model
+            # A MIG slice is worth its share of the GPU (reservations.costs.weight), in credits and in price.
+            fraction = allocation.slice_fraction
             for hour in sorted(set(booked) | set(used)):
                 used_s = used.get(hour, 0.0)
                 gpu_hours = Decimal(repr(used_s)) / Decimal(3600)
@@ -368,8 +370,8 @@ def unsettled_parts(
                         gpu_model_id=model.pk,
                         booked_s=booked.get(hour, 0.0),
                         used_s=used_s,
-                        credits=(model.billing_weight * gpu_hours).quantize(MONEY_PLACES),
-                        cost=(model.price_per_gpu_hour * gpu_hours).quantize(MONEY_PLACES),
+                        credits=(model.billing_weight * fraction * gpu_hours).quantize(MONEY_PLACES),
+                        cost=(model.price_per_gpu_hour * fraction * gpu_hours).quantize(MONEY_PLACES),
                         currency=model.currency,
                     )
                 )

@@ -25,6 +25,7 @@ from controlplane.accounting.timeutil import split_by_hour
 from controlplane.dispatch.models import Launch
 from controlplane.ledger.choices import EntryKind
 from controlplane.ledger.models import LedgerEntry
+from controlplane.reservations import costs
 from controlplane.reservations.choices import FINAL_STATES
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 
@@ -96,7 +97,8 @@ def _seconds_from_event(data: Mapping[str, Any], allocation: Allocation) -> floa
     by_gpu = data.get("gpu_seconds")
     if not isinstance(by_gpu, Mapping):
         return None
-    for key in (allocation.gpu.uuid, str(allocation.gpu_id)):
+    # A MIG slice is measured under its MIG uuid (what its launch names), a whole GPU under its own.
+    for key in (allocation.device_uuid, str(allocation.gpu_id)):
         if key in by_gpu:
             return max(0.0, float(by_gpu[key]))
     return 0.0 if data.get("measured") else None
@@ -122,7 +124,7 @@ def _usage_per_gpu(
         held = allocation_held(allocation)
         if held:
             usage.booked = _hours_of([held])
-        spans = ran.get(allocation.gpu.uuid, [])
+        spans = ran.get(allocation.device_uuid, [])
         target = _seconds_from_event(data, allocation)
         if not spans and target and held:
             # Charged without a measurement (booked time up to the end): it ran, as far as we know, from the start.
@@ -151,7 +153,7 @@ def usage_record_reservation(*, reservation: Reservation) -> list[UsageRecord]:
     existing = list(UsageRecord.objects.filter(reservation=current))
     if existing or current.state not in FINAL_STATES:
         return existing
-    allocations = list(current.allocations.select_related("gpu__model").order_by("gpu_id"))
+    allocations = list(current.allocations.select_related("gpu__model", "mig_device").order_by("gpu_id", "slice_start"))
     if not allocations:
         return []
     final = (
@@ -167,17 +169,19 @@ def usage_record_reservation(*, reservation: Reservation) -> list[UsageRecord]:
     parts: list[tuple[_GpuUsage, datetime]] = []
     weights: list[float] = []
     for usage in usages:
-        weight = float(usage.allocation.gpu.model.billing_weight)
+        weight = float(costs.weight(usage.allocation))  # a slice: its share of the GPU's weight
         for hour in sorted(set(usage.booked) | set(usage.used)):
             parts.append((usage, hour))
             weights.append(weight * usage.used.get(hour, 0.0))
     if charged > 0 and sum(weights) <= 0:
         # Charged with nothing measured at all: attribute by booked time instead.
-        weights = [float(u.allocation.gpu.model.billing_weight) * u.booked.get(h, 0.0) for u, h in parts]
+        weights = [float(costs.weight(u.allocation)) * u.booked.get(h, 0.0) for u, h in parts]
     shares = split_exact(charged, weights) if parts else []
 
     records: dict[int, UsageRecord] = {}
-    slices: list[UsageSlice] = []
+    # Per GPU and hour: MIG slices of one GPU in one reservation add up in its one record and its hours.
+    slices: dict[tuple[int, datetime], UsageSlice] = {}
+    counted: set[int] = set()  # the usages already added to their GPU's record
     for (usage, hour), share in zip(parts, shares, strict=True):
         gpu = usage.allocation.gpu
         model = gpu.model
@@ -207,22 +211,32 @@ def usage_record_reservation(*, reservation: Reservation) -> list[UsageRecord]:
                 cost=ZERO,
                 currency=model.currency,
             )
+            counted.add(id(usage))
+        elif id(usage) not in counted:
+            counted.add(id(usage))
+            record.booked_s += sum(usage.booked.values())
+            record.gpu_seconds += sum(usage.used.values())
         record.credits += share
         record.cost += cost
-        slices.append(
-            UsageSlice(
-                record=record,
-                hour=hour,
-                project_id=current.project_id,
-                reservation=current,
-                user_id=current.created_by_id,
-                gpu_model=model,
-                booked_s=usage.booked.get(hour, 0.0),
-                used_s=used_s,
-                credits=share,
-                cost=cost,
-                currency=model.currency,
-            )
+        merged = slices.get((gpu.pk, hour))
+        if merged is not None:
+            merged.booked_s += usage.booked.get(hour, 0.0)
+            merged.used_s += used_s
+            merged.credits += share
+            merged.cost += cost
+            continue
+        slices[(gpu.pk, hour)] = UsageSlice(
+            record=record,
+            hour=hour,
+            project_id=current.project_id,
+            reservation=current,
+            user_id=current.created_by_id,
+            gpu_model=model,
+            booked_s=usage.booked.get(hour, 0.0),
+            used_s=used_s,
+            credits=share,
+            cost=cost,
+            currency=model.currency,
         )
     for usage in usages:  # a GPU never held and never run still gets its (empty) record
         gpu = usage.allocation.gpu
@@ -241,9 +255,9 @@ def usage_record_reservation(*, reservation: Reservation) -> list[UsageRecord]:
     try:
         with transaction.atomic():
             created = UsageRecord.objects.bulk_create(list(records.values()))
-            for s in slices:
+            for s in slices.values():
                 s.record_id = s.record.pk
-            UsageSlice.objects.bulk_create(slices, batch_size=2000)
+            UsageSlice.objects.bulk_create(list(slices.values()), batch_size=2000)
     except IntegrityError:
         # Another worker recorded it between our check and insert (the row lock makes this rare).
         return list(UsageRecord.objects.filter(reservation=current))

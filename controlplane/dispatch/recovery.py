@@ -103,6 +103,7 @@ def requeue(*, reservation: Reservation, now: datetime) -> Reservation | None:
                     min_memory_mib=reservation.min_memory_mib,
                     gpu_count=reservation.gpu_count,
                     whole_servers=reservation.whole_servers,
+                    mig_profile=reservation.mig_profile or None,  # a slice booking is requeued as slices
                 ),
                 window=Window(now, reservation.ends_at),
                 container=ContainerSpec(

@@ -102,11 +102,12 @@ def reservation_open(*, reservation_id: int, now: datetime | None = None, genera
             used_gpu_seconds_by_gpu={},
         )
         return []
-    by_server: dict[int, list[tuple[int, str]]] = defaultdict(list)
-    for server_id, index, uuid in reservation.allocations.filter(active=True).values_list(
-        "gpu__server_id", "gpu__index", "gpu__uuid"
+    by_server: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
+    # A slice booking's container gets its MIG devices' uuids, not the parent GPU's (docs/fractional.md).
+    for server_id, index, start, gpu_uuid, mig_uuid in reservation.allocations.filter(active=True).values_list(
+        "gpu__server_id", "gpu__index", "slice_start", "gpu__uuid", "mig_device__uuid"
     ):
-        by_server[server_id].append((index, uuid))
+        by_server[server_id].append((index, start, mig_uuid or gpu_uuid))
     if not by_server:
         return []
     launches = Launch.objects.bulk_create(
@@ -117,7 +118,7 @@ def reservation_open(*, reservation_id: int, now: datetime | None = None, genera
                 generation=generation,
                 created_at=now,
                 updated_at=now,
-                gpu_uuids=[uuid for _, uuid in sorted(gpus)],
+                gpu_uuids=[uuid for _, _, uuid in sorted(gpus)],
             )
             for server_id, gpus in sorted(by_server.items())
         ]

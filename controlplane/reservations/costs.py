@@ -1,6 +1,7 @@
 """What a reservation costs: its rate, what it has used so far, and what the ledger charged once it ended.
 
-One rule for every figure: a GPU costs its model's billing weight times the reservation's
+One rule for every figure: a GPU costs its model's billing weight (a MIG slice: that weight times its share of
+the GPU's eight memory slices, ``weight``) times the reservation's
 ``credit_multiplier`` (its queue class's: 1.5 for high, 0.5 for preemptible; ``rate``) in credits per hour
 it is held, from its allocation's start to its end, its release or now, whichever comes first.
 ``held_seconds`` and ``held_credits`` are that rule; the ledger settles with them too when nothing was measured
@@ -50,6 +51,18 @@ def gpu_hours(seconds: float) -> Decimal:
     return (Decimal(str(seconds)) / SECONDS_PER_HOUR).quantize(Decimal("0.000001"))
 
 
+def weight(allocation: Any) -> Decimal:
+    """The billing weight an allocation is charged by: its GPU model's, times the share of the GPU it holds
+    (1 for a whole GPU; memory slices / 8 for a MIG slice, so ``1g.10gb`` on an H100 is 1/8 of its weight).
+
+    Memory slices rather than compute slices (of seven): memory is what a slice takes from the others, the
+    eighth memory slice has no compute slice of its own, and only by memory do a GPU's slices add up to the
+    whole, so a GPU cut into slices earns what it earns whole.
+    """
+    fraction = Decimal(allocation.slice_end - allocation.slice_start) / 8
+    return Decimal(allocation.gpu.model.billing_weight) * fraction
+
+
 def rate(weight: Decimal, reservation: Any) -> Decimal:
     """Credits per hour of one GPU of billing weight ``weight`` held by ``reservation``."""
     return Decimal(weight) * Decimal(reservation.credit_multiplier)
@@ -64,7 +77,7 @@ def held_seconds(allocation: Any, *, until: datetime) -> float:
 
 def held_credits(allocation: Any, *, until: datetime, reservation: Any) -> Decimal:
     """What holding the allocation's GPU has cost ``reservation`` by ``until``: its ``rate`` per hour held."""
-    return rate(allocation.gpu.model.billing_weight, reservation) * gpu_hours(held_seconds(allocation, until=until))
+    return rate(weight(allocation), reservation) * gpu_hours(held_seconds(allocation, until=until))
 
 
 def _charged(reservation: Reservation) -> Decimal:
@@ -91,7 +104,7 @@ def cost_for(reservation: Reservation, *, now: datetime | None = None) -> dict[s
     longest = 0.0
     booked = Decimal(0)
     for a in reservation.allocations.all():
-        per_hour = rate(a.gpu.model.billing_weight, reservation)
+        per_hour = rate(weight(a), reservation)
         total_rate += per_hour
         seconds = held_seconds(a, until=now)
         gpu_seconds += seconds

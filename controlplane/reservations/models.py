@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Project
 from controlplane.core.models import StateChangeEvent
-from controlplane.inventory.models import Gpu, GpuModel
+from controlplane.inventory.models import Gpu, GpuModel, MigDevice
 from controlplane.reservations.choices import NetworkMode, ReservationState
 
 
@@ -33,6 +33,8 @@ class Reservation(models.Model):
     name = models.CharField(max_length=120)
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     min_memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    # A slice booking (docs/fractional.md, "Booking slices"): ``gpu_count`` MIG devices of this profile.
+    mig_profile = models.CharField(max_length=32, blank=True, default="")
     gpu_count = models.PositiveIntegerField(null=True, blank=True)
     whole_servers = models.PositiveIntegerField(null=True, blank=True)
     starts_at = models.DateTimeField()
@@ -71,8 +73,12 @@ class Reservation(models.Model):
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_window_not_empty"),
             models.CheckConstraint(
                 condition=(
-                    Q(gpu_model__isnull=False, min_memory_mib__isnull=True)
-                    | Q(gpu_model__isnull=True, min_memory_mib__isnull=False)
+                    Q(gpu_model__isnull=False, min_memory_mib__isnull=True, mig_profile="")
+                    | Q(gpu_model__isnull=True, min_memory_mib__isnull=False, mig_profile="")
+                    | (
+                        Q(gpu_model__isnull=True, min_memory_mib__isnull=True, whole_servers__isnull=True)
+                        & ~Q(mig_profile="")
+                    )
                 ),
                 name="reservation_model_or_memory",
             ),
@@ -93,23 +99,39 @@ class Reservation(models.Model):
         errors: dict[str, list[str]] = {}
         if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
             errors["ends_at"] = ["The window must end after it starts."]
-        if (self.gpu_model_id is None) == (self.min_memory_mib is None):
-            errors["gpu_model"] = ["Give a GPU model or a minimum memory, not both."]
+        if [self.gpu_model_id is not None, self.min_memory_mib is not None, bool(self.mig_profile)].count(True) != 1:
+            errors["gpu_model"] = ["Give a GPU model, a minimum memory or a MIG profile: one of them."]
         if (self.gpu_count is None) == (self.whole_servers is None):
             errors["gpu_count"] = ["Give a GPU count or a number of whole servers, not both."]
         if errors:
             raise ValidationError(errors)
 
 
-class Allocation(models.Model):
-    """One GPU held by one reservation for a period.
+# A GPU has eight memory slices (docs/fractional.md, "Profiles"); a whole-GPU allocation covers all of them.
+GPU_MEMORY_SLICES = 8
 
-    On PostgreSQL an exclusion constraint (migration 0002) forbids two active allocations of one GPU whose
-    periods overlap; ``[starts_at, ends_at)`` is half-open so back-to-back windows are allowed.
+
+class Allocation(models.Model):
+    """One GPU, or one MIG device of it, held by one reservation for a period.
+
+    ``gpu`` is always the (parent) GPU; a slice booking also names its ``mig_device``. Every allocation
+    covers the memory slices ``[slice_start, slice_end)`` of its GPU: ``[0, 8)`` for a whole GPU, the
+    device's span for a slice. On PostgreSQL an exclusion constraint (migrations 0002, 0006) forbids two
+    active allocations of one GPU whose slice spans and periods both overlap, so a whole GPU excludes its
+    slices and a slice excludes its GPU; ``[starts_at, ends_at)`` is half-open so back-to-back windows are
+    allowed. The span is two integers rather than a range column so the model stays portable; the
+    constraint builds ``int4range`` from them as it builds ``tstzrange`` from the period.
     """
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    # PROTECT: reconfiguration refuses a GPU with any booking now or later, so a booked device is never
+    # deleted under its allocation; a past allocation is released (inactive) and keeps it.
+    mig_device = models.ForeignKey(
+        MigDevice, on_delete=models.PROTECT, null=True, blank=True, related_name="allocations"
+    )
+    slice_start = models.PositiveSmallIntegerField(default=0)
+    slice_end = models.PositiveSmallIntegerField(default=GPU_MEMORY_SLICES)
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     active = models.BooleanField(default=True)
@@ -124,11 +146,28 @@ class Allocation(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="allocation_period_not_empty"),
-            models.UniqueConstraint(fields=["reservation", "gpu"], name="allocation_one_per_gpu_per_reservation"),
+            models.CheckConstraint(
+                condition=Q(slice_start__lt=F("slice_end"), slice_end__lte=GPU_MEMORY_SLICES),
+                name="allocation_slices_not_empty",
+            ),
+            # Two slices of one GPU in one reservation are two rows; their spans never share a start.
+            models.UniqueConstraint(
+                fields=["reservation", "gpu", "slice_start"], name="allocation_one_per_slice_per_reservation"
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.gpu_id} [{self.starts_at}, {self.ends_at})"
+        return f"{self.gpu_id}[{self.slice_start}:{self.slice_end}) [{self.starts_at}, {self.ends_at})"
+
+    @property
+    def slice_fraction(self) -> Decimal:
+        """The share of its GPU the allocation holds: 1 for a whole GPU, memory slices / 8 for a slice."""
+        return Decimal(self.slice_end - self.slice_start) / GPU_MEMORY_SLICES
+
+    @property
+    def device_uuid(self) -> str:
+        """The uuid the container is given: the MIG device's for a slice, else the GPU's."""
+        return self.mig_device.uuid if self.mig_device is not None else self.gpu.uuid
 
 
 class ReservationEvent(StateChangeEvent):

@@ -35,7 +35,7 @@ from controlplane.ledger.services import (
     ledger_settle,
     lock_project,
 )
-from controlplane.reservations import capacity, costs, hooks, preemption
+from controlplane.reservations import capacity, costs, hooks, mig, preemption
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
@@ -167,6 +167,9 @@ def _place_and_allocate(
 ) -> tuple[list[Gpu], list[Allocation]]:
     """Choose GPUs, lock them, re-read them and insert the allocations; re-place when another booking got
     one of them first (seen on the re-read, or by the exclusion constraint when it committed meanwhile)."""
+    if spec.mig_profile is not None:
+        # Slices have their own placement (reservations/mig.py); preemption does not cover them yet.
+        return mig.place_and_allocate(reservation, spec=spec, window=window)
     exclude: set[int] = set()
     preempted = False
     yields_at: datetime | None = None
@@ -263,6 +266,7 @@ def reservation_create(
         name=name,
         gpu_model_id=spec.gpu_model_id,
         min_memory_mib=spec.min_memory_mib,
+        mig_profile=spec.mig_profile or "",
         gpu_count=spec.gpu_count,
         whole_servers=spec.whole_servers,
         starts_at=window.starts_at,
@@ -280,9 +284,10 @@ def reservation_create(
         updated_at=now,
     )
     rows.insert([reservation])
-    gpus, _ = _place_and_allocate(reservation, spec=spec, window=window, now=now, actor=actor)
+    gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window, now=now, actor=actor)
     hours = _hours(window.seconds)
-    needed = credits(sum((costs.rate(gpu.model.billing_weight, reservation) for gpu in gpus), Decimal(0)) * hours)
+    # By allocation, so a slice is charged its share of its GPU (costs.weight).
+    needed = credits(sum((costs.rate(costs.weight(a), reservation) for a in allocations), Decimal(0)) * hours)
     warnings = check_quota(
         project_id=project.pk,
         need=QuotaNeed(
@@ -327,7 +332,7 @@ def reservation_create(
             reason="placed",
             at=now,
             data={
-                "gpus": [gpu.uuid for gpu in gpus],
+                "gpus": [a.device_uuid for a in allocations],
                 "servers": sorted({gpu.server.hostname for gpu in gpus}),
                 "credits_held": str(needed),
             },
@@ -341,7 +346,7 @@ def reservation_create(
     # What a response shows, read back by the ORM's own prefetch: two reads rather than caches filled by hand.
     prefetch_related_objects(
         [reservation],
-        Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model")),
+        Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model", "mig_device")),
         "events",
     )
     reservation.warnings = warnings  # type: ignore[attr-defined]  # a budget that warns: shown in the response
@@ -588,7 +593,8 @@ def _extension_plan(
         found = Gpu.objects.select_related("server", "model").filter(pk__in=[a.gpu_id for a in allocations])
         gpus = {gpu.pk: gpu for gpu in found}
     clash = (
-        overlapping(Allocation.objects.filter(gpu_id__in=list(gpus)), extra.starts_at, extra.ends_at)
+        # Sharing a GPU and a memory slice: a slice's extension is not stopped by another slice of its GPU.
+        overlapping(Allocation.objects.filter(mig.span_q(allocations)), extra.starts_at, extra.ends_at)
         .exclude(reservation=current)
         .select_related("gpu")
         .order_by("starts_at")
@@ -605,9 +611,9 @@ def _extension_plan(
     if unplaceable:
         raise Conflict(f"GPU {unplaceable[0]} is no longer available for booking.", code="gpu_unavailable")
     extra_hours = _hours(extra.seconds)
-    needed = credits(
-        sum((costs.rate(gpu.model.billing_weight, current) for gpu in gpus.values()), Decimal(0)) * extra_hours
-    )
+    for a in allocations:
+        a.gpu = gpus[a.gpu_id]  # loaded above with its model: what costs.weight reads
+    needed = credits(sum((costs.rate(costs.weight(a), current) for a in allocations), Decimal(0)) * extra_hours)
     check_quota(
         project_id=current.project_id,
         need=QuotaNeed(
@@ -631,7 +637,7 @@ def extend_quote(*, reservation: Reservation, ends_at: datetime, now: datetime |
     reservation_extend applies (``_extension_plan``); writes nothing and takes no lock."""
     now = now or timezone.now()
     weights = [
-        costs.rate(a.gpu.model.billing_weight, reservation)
+        costs.rate(costs.weight(a), reservation)
         for a in reservation.allocations.select_related("gpu__model")
         if a.active
     ]
@@ -738,7 +744,7 @@ def _used_credits(
     ended_at: datetime,
     used_gpu_seconds_by_gpu: Mapping[int, float] | Mapping[str, float] | None,
 ) -> tuple[Decimal, dict[str, Any]]:
-    allocations = list(reservation.allocations.select_related("gpu__model"))
+    allocations = list(reservation.allocations.select_related("gpu__model", "mig_device"))
     if used_gpu_seconds_by_gpu is None:
         # Nothing measured: charge the booked time up to the end, which is what the project held.
         total, detail = Decimal(0), {}
@@ -748,7 +754,10 @@ def _used_credits(
         return total, {"gpu_seconds": detail, "measured": False}
     weights: dict[int | str, Decimal] = {}
     for a in allocations:
-        weights[a.gpu_id] = weights[a.gpu.uuid] = costs.rate(a.gpu.model.billing_weight, reservation)
+        # A slice is measured under its MIG uuid (what its launch names); a GPU by its id or uuid.
+        weights[a.device_uuid] = costs.rate(costs.weight(a), reservation)
+        if a.mig_device_id is None:
+            weights[a.gpu_id] = weights[a.device_uuid]
     total = Decimal(0)
     for key, seconds in used_gpu_seconds_by_gpu.items():
         if key not in weights:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -21,10 +22,14 @@ class GpuSpec:
     min_memory_mib: int | None = None
     gpu_count: int | None = None
     whole_servers: int | None = None
+    # A slice booking: ``gpu_count`` MIG devices of this profile ("1g.10gb"), instead of a model or memory.
+    mig_profile: str | None = None
 
     def validate(self) -> None:
         fields: dict[str, list[str]] = {}
-        if (self.gpu_model_id is None) == (self.min_memory_mib is None):
+        if self.mig_profile is not None:
+            fields.update(self._mig_problems())
+        elif (self.gpu_model_id is None) == (self.min_memory_mib is None):
             fields["spec.gpu_model"] = ["Give either a GPU model or a minimum GPU memory, not both or neither."]
         if self.min_memory_mib is not None and self.min_memory_mib < 1:
             fields["spec.min_memory_mib"] = ["Must be at least 1."]
@@ -36,6 +41,26 @@ class GpuSpec:
             fields["spec.whole_servers"] = ["Must be at least 1."]
         if fields:
             raise ValidationFailed(_sentence(fields), fields=fields)
+
+    def _mig_problems(self) -> dict[str, list[str]]:
+        fields: dict[str, list[str]] = {}
+        profile = self.mig_profile or ""
+        if not MIG_PROFILE_RE.fullmatch(profile):
+            fields["spec.mig_profile"] = [
+                f'"{profile}" is not a MIG profile name; give one as nvidia-smi names it, e.g. "1g.10gb".'
+            ]
+        if self.gpu_model_id is not None or self.min_memory_mib is not None:
+            fields["spec.mig_profile"] = [
+                *fields.get("spec.mig_profile", []),
+                "Give a MIG profile instead of a GPU model or a minimum memory, not with them.",
+            ]
+        if self.whole_servers is not None:
+            fields["spec.whole_servers"] = ["Slices are booked by count (spec.gpu_count), not as whole servers."]
+        return fields
+
+
+# "1g.10gb", "3g.40gb", "1g.10gb+me", "7g.80gb" (docs/fractional.md, "Profiles").
+MIG_PROFILE_RE = re.compile(r"[1-7]g\.[1-9][0-9]{0,3}gb(\+me)?")
 
 
 @dataclass(frozen=True)

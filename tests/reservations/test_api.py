@@ -61,7 +61,13 @@ def test_booking_returns_allocations_and_events(api_client, fleet, team):
     assert data["state"] == "scheduled" and len(data["allocations"]) == 2
     assert len({a["server"] for a in data["allocations"]}) == 1
     assert [e["to_state"] for e in data["events"]] == ["pending", "scheduled"]
-    assert data["spec"] == {"gpu_model": "H100-80GB", "min_memory_mib": None, "gpu_count": 2, "whole_servers": None}
+    assert data["spec"] == {
+        "gpu_model": "H100-80GB",
+        "min_memory_mib": None,
+        "gpu_count": 2,
+        "whole_servers": None,
+        "mig_profile": None,
+    }
 
 
 def test_start_now_is_accepted(api_client, fleet, team):

@@ -23,7 +23,7 @@ from controlplane.reservations.api.fields import (
 from controlplane.reservations.choices import NetworkMode
 from controlplane.reservations.costs import cost_for
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
-from controlplane.reservations.specs import START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
+from controlplane.reservations.specs import MIG_PROFILE_RE, START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
 from nodeagent.schema import MAX_VOLUMES
 
 # Bounds of a booking request, shared by the serializers and the hot path (booking_args) below. The
@@ -62,6 +62,38 @@ class SpecSerializer(serializers.Serializer):
         return attrs
 
 
+class BookingSpecSerializer(SpecSerializer):
+    """A booking's spec: also MIG slices, a profile and a count (docs/fractional.md, "Booking slices").
+
+    Only booking takes a profile; the availability reads and the queue take the GPU specs alone (their
+    searches do not cover slices yet), so there a ``mig_profile`` is not a field."""
+
+    mig_profile = serializers.RegexField(
+        MIG_PROFILE_RE.pattern,
+        max_length=32,
+        required=False,
+        allow_null=True,
+        help_text='Book MIG slices of this profile (e.g. "1g.10gb"): gpu_count of them, instead of a model or memory.',
+        error_messages={"invalid": 'Not a MIG profile name; give one as nvidia-smi names it, e.g. "1g.10gb".'},
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors = {}
+        if attrs.get("mig_profile") is not None:
+            if attrs.get("gpu_model") is not None or attrs.get("min_memory_mib") is not None:
+                errors["mig_profile"] = [
+                    "Give a MIG profile instead of a GPU model or a minimum memory, not with them."
+                ]
+            if attrs.get("whole_servers") is not None:
+                errors["whole_servers"] = ["Slices are booked by count (spec.gpu_count), not as whole servers."]
+            elif attrs.get("gpu_count") is None:
+                errors["gpu_count"] = ["Give the number of slices to book."]
+            if errors:
+                raise serializers.ValidationError(errors)
+            return attrs
+        return super().validate(attrs)
+
+
 def spec_from(data: dict[str, Any]) -> GpuSpec:
     model = data.get("gpu_model")
     return GpuSpec(
@@ -69,6 +101,7 @@ def spec_from(data: dict[str, Any]) -> GpuSpec:
         min_memory_mib=data.get("min_memory_mib"),
         gpu_count=data.get("gpu_count"),
         whole_servers=data.get("whole_servers"),
+        mig_profile=data.get("mig_profile"),  # a BookingSpecSerializer's only
     )
 
 
@@ -194,7 +227,7 @@ class ReservationCreateSerializer(serializers.Serializer):
         help_text="The project's slug; you must be its owner or a member.",
     )
     name = serializers.CharField(max_length=_NAME_MAX)
-    spec = SpecSerializer()
+    spec = BookingSpecSerializer()
     window = WindowSerializer()
     container = ContainerSerializer()
 
@@ -276,6 +309,10 @@ class SpecOutSerializer(serializers.Serializer):
     min_memory_mib = serializers.IntegerField(allow_null=True)
     gpu_count = serializers.IntegerField(allow_null=True)
     whole_servers = serializers.IntegerField(allow_null=True)
+    mig_profile = serializers.SerializerMethodField(help_text="The MIG profile of a slice booking; else null.")
+
+    def get_mig_profile(self, reservation: Reservation) -> str | None:
+        return reservation.mig_profile or None
 
 
 class MountOutSerializer(serializers.Serializer):
@@ -370,11 +407,33 @@ class AllocationSerializer(serializers.ModelSerializer):
     server = serializers.CharField(source="gpu.server.hostname")
     index = serializers.IntegerField(source="gpu.index")
     gpu_model = serializers.CharField(source="gpu.model.name")
+    mig_device = serializers.CharField(
+        source="mig_device.uuid",
+        allow_null=True,
+        default=None,
+        help_text="The MIG device's uuid for a slice; else null.",
+    )
+    slices = serializers.SerializerMethodField(help_text="The GPU's memory slices held, [start, end): [0, 8) whole.")
 
     class Meta:
         model = Allocation
-        fields = ["gpu", "server", "index", "gpu_model", "starts_at", "ends_at", "active", "released_at"]
+        fields = [
+            "gpu",
+            "server",
+            "index",
+            "gpu_model",
+            "mig_device",
+            "slices",
+            "starts_at",
+            "ends_at",
+            "active",
+            "released_at",
+        ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2))
+    def get_slices(self, allocation: Allocation) -> list[int]:
+        return [allocation.slice_start, allocation.slice_end]
 
 
 class ReservationEventSerializer(serializers.ModelSerializer):
@@ -493,6 +552,8 @@ def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> di
     image = _clean_text(container.get("image"), _IMAGE_MAX)
     if name is None or image is None:
         return None
+    if "mig_profile" in spec:
+        return None  # a slice booking: read by SpecSerializer alone, one definition of its rules
     # The spec: a model or a minimum memory, a count or whole servers; exactly one of each pair.
     model_name = spec.get("gpu_model")
     if model_name is not None and (type(model_name) is not str or gpu_model_id is None):
@@ -561,6 +622,7 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
             "min_memory_mib": reservation.min_memory_mib,
             "gpu_count": reservation.gpu_count,
             "whole_servers": reservation.whole_servers,
+            "mig_profile": reservation.mig_profile or None,
         },
         "starts_at": _at(reservation.starts_at),
         "ends_at": _at(reservation.ends_at),
@@ -583,6 +645,8 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
                 "server": str(a.gpu.server.hostname),
                 "index": int(a.gpu.index),
                 "gpu_model": str(a.gpu.model.name),
+                "mig_device": None if a.mig_device is None else str(a.mig_device.uuid),
+                "slices": [int(a.slice_start), int(a.slice_end)],
                 "starts_at": _at(a.starts_at),
                 "ends_at": _at(a.ends_at),
                 "active": bool(a.active),

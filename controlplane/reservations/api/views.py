@@ -54,7 +54,9 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         )
         # Every answer carries its cost: the allocations' GPU models and what the ledger charged.
         qs = with_charges(qs).prefetch_related(
-            Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model"))
+            Prefetch(
+                "allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model", "mig_device")
+            )
         )
         if self.action != "list":
             qs = qs.prefetch_related("events")
