@@ -673,6 +673,7 @@ ROWS.extend(
         row("POST", QUEUED + "release/", body={"reason": "matrix"}, **dict(OPERATORS_WRITE, operator=409)),
         row("POST", QUEUED + "priority-class/", body={"priority_class": "high"}, **OPERATORS_WRITE),
         row("GET", "/api/v1/projects/{project_slug}/fair-share/", **MEMBERS_READ),
+        row("GET", "/api/v1/priority-classes/", **ANY_USER),
     ]
 )
 

@@ -6,14 +6,15 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from controlplane.accounts.selectors import projects_visible_to
+from controlplane.accounts.choices import BOOKING_ROLES
+from controlplane.accounts.selectors import is_operator, projects_visible_to
 from controlplane.inventory.models import GpuModel
 from controlplane.reservations import capacity
 from controlplane.reservations.capacity import EARLIEST_WITHIN
 from controlplane.reservations.windows import earliest_window
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.fairshare import FairShare, fair_shares
-from controlplane.scheduling.models import QueuedRequest
+from controlplane.scheduling.models import PriorityClass, QueuedRequest
 from controlplane.scheduling.order import Entry, asked_words, ordered_queue
 from controlplane.scheduling.services import spec_of
 
@@ -21,6 +22,24 @@ from controlplane.scheduling.services import spec_of
 def requests_visible_to(user: Any) -> QuerySet[QueuedRequest]:
     """The requests of the projects ``user`` belongs to (every request for an operator)."""
     return QueuedRequest.objects.filter(project__in=projects_visible_to(user))
+
+
+def priority_classes() -> QuerySet[PriorityClass]:
+    """Every class, the most urgent first (the order the pass serves them)."""
+    return PriorityClass.objects.order_by("-rank", "name")
+
+
+def classes_allowed_to(user: Any) -> set[int] | None:
+    """The ids of the restricted classes ``user`` may submit in for at least one project (owner or member: a
+    viewer cannot submit at all), in one query over the grants; None for an operator, who may use any."""
+    if is_operator(user):
+        return None
+    if not user or not user.is_authenticated:
+        return set()
+    grants = PriorityClass.allowed_policies.through.objects.filter(
+        quotapolicy__project__memberships__user=user, quotapolicy__project__memberships__role__in=BOOKING_ROLES
+    )
+    return set(grants.values_list("priorityclass_id", flat=True))
 
 
 def _place(request: QueuedRequest, queue: list[Entry]) -> int | None:

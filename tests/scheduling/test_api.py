@@ -277,3 +277,85 @@ def test_a_project_fair_share_is_its_members_to_see(api_client, fleet, team):
     assert data["factor"] == 1.0 and data["shares"] == 1 and data["half_life_days"] == 7.0
     api_client.force_authenticate(team["outsider"])
     assert api_client.get(url).status_code == 404
+
+
+CLASSES = "/api/v1/priority-classes/"
+
+
+def test_the_classes_are_listed_most_urgent_first_with_their_terms(api_client, team):
+    api_client.force_authenticate(team["member"])
+    response = api_client.get(CLASSES)
+    assert response.status_code == 200, response.data
+    rows = response.json()
+    assert [r["rank"] for r in rows] == sorted((r["rank"] for r in rows), reverse=True)
+    assert [r["name"] for r in rows] == ["high", "normal", "preemptible"]
+    preemptible = rows[2]
+    assert set(preemptible) == {
+        "name",
+        "rank",
+        "credit_multiplier",
+        "notice_seconds",
+        "preemptible",
+        "restricted",
+        "allowed",
+    }
+    assert preemptible["credit_multiplier"] == "0.500" and preemptible["notice_seconds"] == 120
+    assert preemptible["preemptible"] is True and rows[0]["restricted"] is True
+
+
+def test_an_operators_edit_of_a_class_is_what_the_list_answers(api_client, team):
+    from decimal import Decimal
+
+    from controlplane.scheduling.models import PriorityClass
+
+    PriorityClass.objects.filter(name="preemptible").update(credit_multiplier=Decimal("0.25"), notice_seconds=300)
+    api_client.force_authenticate(team["owner"])
+    row = next(r for r in api_client.get(CLASSES).json() if r["name"] == "preemptible")
+    assert row["credit_multiplier"] == "0.250" and row["notice_seconds"] == 300
+
+
+def allowed(api_client, user):  # type: ignore[no-untyped-def]
+    api_client.force_authenticate(user)
+    return {r["name"]: r["allowed"] for r in api_client.get(CLASSES).json()}
+
+
+def test_a_restricted_class_is_allowed_only_where_a_project_is_granted_it(api_client, team):
+    ungranted = {"high": False, "normal": True, "preemptible": True}
+    assert allowed(api_client, team["member"]) == ungranted
+    allow(team["project"], "high")
+    assert allowed(api_client, team["member"]) == {"high": True, "normal": True, "preemptible": True}
+    assert allowed(api_client, team["owner"])["high"] is True
+    # Neither a viewer (who cannot submit) nor an outsider gains from another project's grant.
+    assert allowed(api_client, team["viewer"]) == ungranted
+    assert allowed(api_client, team["outsider"]) == ungranted
+
+
+def test_a_grant_to_another_project_does_not_allow_the_class(api_client, team):
+    other = project(owner=UserFactory(), grant="10")
+    allow(other, "high")
+    assert allowed(api_client, team["member"])["high"] is False
+
+
+def test_operators_may_use_every_class(api_client, operator):
+    assert set(allowed(api_client, operator).values()) == {True}
+
+
+def test_anonymous_callers_are_refused_the_classes(api_client):
+    assert api_client.get(CLASSES).status_code in (401, 403)
+
+
+def test_the_classes_cost_the_same_queries_however_many_projects_are_granted(api_client, team):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    api_client.force_authenticate(team["member"])
+    api_client.get(CLASSES)  # warm the session's own lookups
+    with CaptureQueriesContext(connection) as none_granted:
+        assert api_client.get(CLASSES).status_code == 200
+    for _ in range(4):
+        extra = project(owner=UserFactory(), member=team["member"], grant="10")
+        allow(extra, "high")
+    allow(team["project"], "high")
+    with CaptureQueriesContext(connection) as five_granted:
+        assert api_client.get(CLASSES).json()[0]["allowed"] is True
+    assert len(five_granted) == len(none_granted) <= 2, [q["sql"] for q in five_granted.captured_queries]

@@ -237,3 +237,29 @@ class QueueEntrySerializer(serializers.Serializer):
     blocked_by = serializers.UUIDField(allow_null=True)
     blocked_until = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
+
+
+class PriorityClassSerializer(serializers.ModelSerializer):
+    """A queue class as the database holds it (operators edit it in the admin), so the portal copies none of it."""
+
+    credit_multiplier = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        read_only=True,
+        help_text="Its bookings hold and are charged their GPUs' weight times this (a string decimal).",
+    )
+    allowed = serializers.SerializerMethodField(
+        help_text="Whether you may submit in it for at least one of your projects: always for an unrestricted "
+        "class; for a restricted one, when the quota policy of a project you own or are a member of is granted it."
+    )
+
+    class Meta:
+        model = PriorityClass
+        fields = ["name", "rank", "credit_multiplier", "notice_seconds", "preemptible", "restricted", "allowed"]
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_allowed(self, klass: PriorityClass) -> bool:
+        # The caller's grants are read once by the view and shared by every row (no query per class); None
+        # stands for an operator, who may use any class.
+        granted = self.context["granted"]
+        return not klass.restricted or granted is None or klass.pk in granted

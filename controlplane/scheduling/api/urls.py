@@ -1,9 +1,10 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from controlplane.scheduling.api.views import ProjectFairShareView, QueuedRequestViewSet
+from controlplane.scheduling.api.views import PriorityClassViewSet, ProjectFairShareView, QueuedRequestViewSet
 
 router = SimpleRouter()
+router.register("priority-classes", PriorityClassViewSet, basename="priority-class")
 router.register("requests", QueuedRequestViewSet, basename="queued-request")
 
 urlpatterns = [

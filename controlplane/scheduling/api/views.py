@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -16,6 +16,7 @@ from controlplane.scheduling import services
 from controlplane.scheduling.api.serializers import (
     FairShareSerializer,
     PriorityClassChangeSerializer,
+    PriorityClassSerializer,
     QueuedRequestCancelSerializer,
     QueuedRequestCreateSerializer,
     QueuedRequestDetailSerializer,
@@ -24,8 +25,14 @@ from controlplane.scheduling.api.serializers import (
 )
 from controlplane.scheduling.fairshare import half_life
 from controlplane.scheduling.filters import QueuedRequestFilter
-from controlplane.scheduling.models import QueuedRequest
-from controlplane.scheduling.selectors import operator_queue, project_fair_share, requests_visible_to
+from controlplane.scheduling.models import PriorityClass, QueuedRequest
+from controlplane.scheduling.selectors import (
+    classes_allowed_to,
+    operator_queue,
+    priority_classes,
+    project_fair_share,
+    requests_visible_to,
+)
 
 _ROLE = "Queueing needs the owner or member role in the project."
 _OPERATORS = "Only operators may do this."
@@ -35,6 +42,30 @@ def _operator_only(request: Request) -> None:
     # Before the lookup: a tenant is told 403 whether or not it may see the request.
     if not is_operator(request.user):
         raise PermissionDenied(_OPERATORS)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="The priority classes, the most urgent first, with whether you may submit in each",
+        description="What each class costs (`credit_multiplier` times the booking rate), whether its "
+        "reservations yield their GPUs (`preemptible`, after `notice_seconds` of notice), and whether it is "
+        "restricted. `allowed`: whether you may queue in it for at least one project you own or are a member of "
+        "(an operator: every class). Operators edit the classes in the admin; this list is what the pass uses.",
+    )
+)
+class PriorityClassViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The queue's classes (docs/scheduling.md): anyone signed in may read them."""
+
+    serializer_class = PriorityClassSerializer
+    pagination_class = None  # a handful of rows, read whole by the portal
+    filterset_class = None
+    queryset = PriorityClass.objects.none()
+
+    def get_queryset(self) -> QuerySet[PriorityClass]:
+        return priority_classes()
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "granted": classes_allowed_to(self.request.user)}
 
 
 class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -6,6 +6,7 @@ import type {
   GpuModel,
   Me,
   Page,
+  PriorityClass,
   QueueEntry,
   QueuedRequest,
   QueuedRequestDetail,
@@ -75,6 +76,16 @@ export function useReservations(query: Query, refetchMs?: number) {
     queryKey: ["reservations", query],
     queryFn: async () => api.get<Page<Reservation>>("reservations/", { limit: 100, ...query }),
     refetchInterval: refetchMs,
+  });
+}
+
+/** The queue's classes and their terms, as operators last set them (priority-classes/): the one source of every
+ * class fact the pages show. */
+export function usePriorityClasses() {
+  return useQuery({
+    queryKey: ["priority-classes"],
+    queryFn: () => api.get<PriorityClass[]>("priority-classes/"),
+    staleTime: 300_000,
   });
 }
 

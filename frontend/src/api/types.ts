@@ -474,6 +474,20 @@ export interface QueuedRequestDetail extends QueuedRequest {
   events: QueuedRequestEvent[];
 }
 
+/** GET priority-classes/: the queue's classes as the database holds them, the most urgent first. */
+export interface PriorityClass {
+  name: string;
+  rank: number;
+  /** A string decimal ("0.500"): bookings in the class are charged the booking rate times it. */
+  credit_multiplier: string;
+  /** The checkpoint notice a preemptible reservation gets before it yields its GPUs. */
+  notice_seconds: number;
+  preemptible: boolean;
+  restricted: boolean;
+  /** Whether the caller may submit in it for at least one of their projects. */
+  allowed: boolean;
+}
+
 /** GET requests/queue/ (operators): one row of the whole queue in the pass's order, then the held ones. Every
  * field past the core is optional: the endpoint may not be served yet, or may grow. */
 export interface QueueEntry {

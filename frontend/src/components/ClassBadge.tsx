@@ -1,14 +1,17 @@
 import { Badge } from "@mantine/core";
 
-import { classInfo } from "../lib/queue";
+import { usePriorityClasses } from "../api/hooks";
+import { classInfo, classLabel } from "../lib/queue";
 
-/** A queued request's priority class: preemptible work stands out (it may yield its GPUs). */
+/** A queued request's priority class: preemptible work stands out (it may yield its GPUs). Whether a class is
+ * preemptible is the API's answer; until the list has loaded, the class named "preemptible" is taken to be. */
 export function ClassBadge({ name }: { name: string }) {
-  const info = classInfo(name);
-  const color = info?.preemptible ? "grape" : name === "high" ? "orange" : "gray";
+  const info = classInfo(usePriorityClasses().data, name);
+  const preemptible = info ? info.preemptible : name === "preemptible";
+  const color = preemptible ? "grape" : name === "high" ? "orange" : "gray";
   return (
     <Badge color={color} variant="light" data-testid="class-badge">
-      {info?.label ?? name}
+      {classLabel(name)}
     </Badge>
   );
 }

@@ -1,9 +1,12 @@
 import { describe, expect, it } from "vitest";
 
-import type { QueuedRequest } from "../api/types";
+import type { PriorityClass, QueuedRequest } from "../api/types";
 import {
   cancellable,
+  classDescription,
   classInfo,
+  classLabel,
+  multiplierText,
   operatorActions,
   preemptedBy,
   reasonText,
@@ -15,6 +18,23 @@ import {
   toQueueEntry,
   type SubmitForm,
 } from "./queue";
+
+// The classes as GET priority-classes/ answers them: the terms are the API's, never the portal's.
+const klass = (patch: Partial<PriorityClass> = {}): PriorityClass => ({
+  name: "normal",
+  rank: 0,
+  credit_multiplier: "1.000",
+  notice_seconds: 0,
+  preemptible: false,
+  restricted: false,
+  allowed: true,
+  ...patch,
+});
+const CLASSES: PriorityClass[] = [
+  klass({ name: "high", rank: 100, credit_multiplier: "1.500", restricted: true, allowed: false }),
+  klass(),
+  klass({ name: "preemptible", rank: -100, credit_multiplier: "0.500", notice_seconds: 120, preemptible: true }),
+];
 
 const form = (patch: Partial<SubmitForm> = {}): SubmitForm => ({
   project: "alpha",
@@ -50,7 +70,7 @@ const request = (patch: Partial<QueuedRequest> = {}): QueuedRequest => ({
 
 describe("the submit body", () => {
   it("sends a model and a count, the duration in seconds, the command split on spaces", () => {
-    const body = submitBody(form());
+    const body = submitBody(form(), CLASSES);
     expect(body).toEqual({
       project: "alpha",
       name: "train",
@@ -71,13 +91,20 @@ describe("the submit body", () => {
 
   it("sends start_by as an ISO instant only when set", () => {
     const at = Date.parse("2026-12-02T14:00:00Z");
-    expect(submitBody(form({ startBy: at })).start_by).toBe("2026-12-02T14:00:00.000Z");
-    expect("start_by" in submitBody(form())).toBe(false);
+    expect(submitBody(form({ startBy: at }), CLASSES).start_by).toBe("2026-12-02T14:00:00.000Z");
+    expect("start_by" in submitBody(form(), CLASSES)).toBe(false);
   });
 
   it("sends requeue only with a preemptible class", () => {
-    expect(submitBody(form({ requeue: true })).requeue).toBe(false);
-    expect(submitBody(form({ requeue: true, priorityClass: "preemptible" })).requeue).toBe(true);
+    expect(submitBody(form({ requeue: true }), CLASSES).requeue).toBe(false);
+    expect(submitBody(form({ requeue: true, priorityClass: "preemptible" }), CLASSES).requeue).toBe(true);
+    // Before the classes load, nothing is known to be preemptible: requeue is not sent.
+    expect(submitBody(form({ requeue: true, priorityClass: "preemptible" }), undefined).requeue).toBe(false);
+  });
+
+  it("follows the API when an operator makes another class preemptible", () => {
+    const edited = CLASSES.map((c) => (c.name === "normal" ? { ...c, preemptible: true } : c));
+    expect(submitBody(form({ requeue: true }), edited).requeue).toBe(true);
   });
 });
 
@@ -122,9 +149,35 @@ describe("a request in words", () => {
     expect(cancellable(request({ state: "failed" }))).toBe(false);
   });
 
-  it("knows the preemptible class's terms", () => {
-    expect(classInfo("preemptible")).toMatchObject({ preemptible: true, multiplier: 0.5, noticeSeconds: 120 });
-    expect(classInfo("nonesuch")).toBeUndefined();
+  it("finds a class's terms in the API's list", () => {
+    expect(classInfo(CLASSES, "preemptible")).toMatchObject({ preemptible: true, credit_multiplier: "0.500", notice_seconds: 120 });
+    expect(classInfo(CLASSES, "nonesuch")).toBeUndefined();
+    expect(classInfo(undefined, "normal")).toBeUndefined();
+  });
+});
+
+describe("a class in words", () => {
+  it("labels a class by its name, capitalised", () => {
+    expect(classLabel("preemptible")).toBe("Preemptible");
+    expect(classLabel("high")).toBe("High");
+  });
+
+  it("puts the multiplier against the booking rate, trailing zeros dropped", () => {
+    expect(multiplierText("1.000")).toBe("The booking rate");
+    expect(multiplierText("0.500")).toBe("0.5 x the booking rate");
+    expect(multiplierText("1.250")).toBe("1.25 x the booking rate");
+  });
+
+  it("describes a preemptible class with its notice, from the data", () => {
+    expect(classDescription(CLASSES[2])).toBe(
+      "0.5 x the booking rate. Runs only on GPUs nobody booked; when a booking needs them it yields them after 120 s of notice (SIGUSR1 and /run/gpucp/warning, then SIGTERM).",
+    );
+    expect(classDescription({ ...CLASSES[2], notice_seconds: 300, credit_multiplier: "0.250" })).toMatch(/^0\.25 x .* after 300 s of notice/);
+  });
+
+  it("describes a class that is never preempted", () => {
+    expect(classDescription(CLASSES[0])).toBe("1.5 x the booking rate. Never interrupted once started.");
+    expect(classDescription(CLASSES[1])).toBe("The booking rate. Never interrupted once started.");
   });
 });
 

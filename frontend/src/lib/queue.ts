@@ -1,53 +1,39 @@
-// The queue's logic the pages share: the priority classes and what each means, the request body a submit form
+// The queue's logic the pages share: what each priority class (as the API lists them) means in words, the request body a submit form
 // sends, and a request's state, position and estimate in words.
 
-import type { QueueEntry, QueuedRequest, QueuedRequestDetail, Spec } from "../api/types";
+import type { PriorityClass, QueueEntry, QueuedRequest, QueuedRequestDetail, Spec } from "../api/types";
 import { formatDateTime, formatDuration, formatMiB } from "./format";
 
-export interface PriorityClassInfo {
-  name: string;
-  label: string;
-  /** Its price factor, as the API applies it to the booking rate (docs/scheduling.md, the classes' table). */
-  multiplier: number;
-  preemptible: boolean;
-  /** The checkpoint notice a preemptible reservation gets before it yields its GPUs. */
-  noticeSeconds: number;
-  description: string;
+/** A class's name as a label: "preemptible" -> "Preemptible". Wording only; every term comes from the API. */
+export function classLabel(name: string): string {
+  return name ? name.charAt(0).toUpperCase() + name.slice(1) : name;
 }
 
-/** The classes the API offers (docs/scheduling.md): the API names no list endpoint for them, so they are
- * listed here with the terms the migrations give them. `high` may be restricted by a project's quota policy:
- * the server then answers 400 at `priority_class`, shown at the field. */
-export const PRIORITY_CLASSES: PriorityClassInfo[] = [
-  {
-    name: "normal",
-    label: "Normal",
-    multiplier: 1,
-    preemptible: false,
-    noticeSeconds: 0,
-    description: "The booking rate. Waits its turn; never interrupted once started.",
-  },
-  {
-    name: "high",
-    label: "High",
-    multiplier: 1.5,
-    preemptible: false,
-    noticeSeconds: 0,
-    description: "1.5 times the booking rate. Served before normal requests, and may take GPUs from preemptible work.",
-  },
-  {
-    name: "preemptible",
-    label: "Preemptible",
-    multiplier: 0.5,
-    preemptible: true,
-    noticeSeconds: 120,
-    description:
-      "Half the booking rate. Runs only on GPUs nobody booked; when a booking needs them it yields them after 120 s of notice (SIGUSR1 and /run/gpucp/warning, then SIGTERM).",
-  },
-];
+/** A price factor in words against the booking rate: "1" -> "The booking rate", "0.500" -> "0.5 x the booking
+ * rate". The API's string decimal, with its trailing zeros dropped. */
+export function multiplierText(multiplier: string): string {
+  const m = Number(multiplier);
+  if (!Number.isFinite(m)) return `${multiplier} x the booking rate`;
+  return m === 1 ? "The booking rate" : `${m} x the booking rate`;
+}
 
-export function classInfo(name: string | null | undefined): PriorityClassInfo | undefined {
-  return PRIORITY_CLASSES.find((c) => c.name === name);
+/** What choosing a class means, built from the API's terms for it (docs/scheduling.md, the classes' table). */
+export function classDescription(c: PriorityClass): string {
+  const price = `${multiplierText(c.credit_multiplier)}.`;
+  if (c.preemptible) {
+    return (
+      `${price} Runs only on GPUs nobody booked; when a booking needs them it yields them after ` +
+      `${c.notice_seconds} s of notice (SIGUSR1 and /run/gpucp/warning, then SIGTERM).`
+    );
+  }
+  return `${price} Never interrupted once started.`;
+}
+
+/** Why a class is shown but cannot be chosen: a restricted class none of the caller's projects is granted. */
+export const CLASS_NOT_ALLOWED = "Restricted: your project's quota policy does not include it.";
+
+export function classInfo(classes: PriorityClass[] | undefined, name: string | null | undefined): PriorityClass | undefined {
+  return classes?.find((c) => c.name === name);
 }
 
 /** How the GPUs are asked for: a model or a memory floor; a count of GPUs or of whole servers. */
@@ -89,9 +75,10 @@ export interface SubmitForm {
   command: string;
 }
 
-/** The body of POST requests/. `requeue` only goes with a preemptible class (only there is it meaningful). */
-export function submitBody(f: SubmitForm): Record<string, unknown> {
-  const preemptible = classInfo(f.priorityClass)?.preemptible ?? false;
+/** The body of POST requests/. `requeue` only goes with a preemptible class (only there is it meaningful), as
+ * the API's list of classes says. */
+export function submitBody(f: SubmitForm, classes: PriorityClass[] | undefined): Record<string, unknown> {
+  const preemptible = classInfo(classes, f.priorityClass)?.preemptible ?? false;
   return {
     project: f.project,
     name: f.name,

@@ -3,7 +3,7 @@ import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { Link } from "react-router";
 
 import { api, isMissingEndpoint } from "../api/client";
-import { useOperatorQueue, useQueuedRequests } from "../api/hooks";
+import { useOperatorQueue, usePriorityClasses, useQueuedRequests } from "../api/hooks";
 import type { QueueEntry } from "../api/types";
 import { StateBadge } from "../components/Badges";
 import { ClassBadge } from "../components/ClassBadge";
@@ -11,7 +11,7 @@ import { ErrorAlert, QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
 import { useShownZone } from "../components/ZoneToggle";
 import { formatDateTime, formatDuration, shortUuid } from "../lib/format";
-import { operatorActions, PRIORITY_CLASSES, reasonText, toQueueEntry } from "../lib/queue";
+import { classLabel, operatorActions, reasonText, toQueueEntry } from "../lib/queue";
 
 const POLL_MS = 10_000;
 
@@ -23,6 +23,7 @@ const POLL_MS = 10_000;
 export function OperatorQueuePage() {
   const zone = useShownZone();
   const queue = useOperatorQueue(POLL_MS);
+  const classes = usePriorityClasses().data;
   const missing = isMissingEndpoint(queue.error);
   // A server without requests/queue/ has no held state either (its filter refuses "held"): queued ones only.
   const fallback = useQueuedRequests({ state: "queued" }, missing ? POLL_MS : undefined);
@@ -100,7 +101,8 @@ export function OperatorQueuePage() {
                         size="xs"
                         w={140}
                         aria-label={`Class of ${r.name}`}
-                        data={PRIORITY_CLASSES.map((c) => ({ value: c.name, label: c.label }))}
+                        // Until the classes load, the row's own class alone, so the picker shows it.
+                        data={(classes ?? [{ name: r.priority_class }]).map((c) => ({ value: c.name, label: classLabel(c.name) }))}
                         value={r.priority_class}
                         allowDeselect={false}
                         disabled={busy}

@@ -4,7 +4,7 @@ import { useEffect, useState, type FormEvent } from "react";
 import { Link } from "react-router";
 
 import { ApiError, api } from "../api/client";
-import { useGpuModels, useMe, useQueuedRequests, useRequestDetails } from "../api/hooks";
+import { useGpuModels, useMe, usePriorityClasses, useQueuedRequests, useRequestDetails } from "../api/hooks";
 import type { QueuedRequest, QueuedRequestDetail } from "../api/types";
 import { StateBadge } from "../components/Badges";
 import { ClassBadge } from "../components/ClassBadge";
@@ -15,7 +15,7 @@ import { QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
 import { useShownZone } from "../components/ZoneToggle";
 import { formatDateTime, formatRelative, shortUuid } from "../lib/format";
-import { cancellable, classInfo, reasonText, durationText, PRIORITY_CLASSES, specText, standing, submitBody, submitProblems, type SpecChoice } from "../lib/queue";
+import { cancellable, CLASS_NOT_ALLOWED, classDescription, classInfo, classLabel, reasonText, durationText, specText, standing, submitBody, submitProblems, type SpecChoice } from "../lib/queue";
 
 const POLL_MS = 10_000;
 
@@ -164,6 +164,7 @@ function RequestRow({ r, detail }: { r: QueuedRequest; detail?: QueuedRequestDet
 function SubmitCard() {
   const me = useMe().data!;
   const models = useGpuModels();
+  const classes = usePriorityClasses();
   const queryClient = useQueryClient();
   const bookable = me.memberships.filter((m) => m.role !== "viewer");
   const [project, setProject] = useState<string | null>(bookable[0]?.project_slug ?? null);
@@ -183,12 +184,12 @@ function SubmitCard() {
   const form = { project, name, spec, durationHours: hours, startBy, priorityClass, requeue, image, command };
   const problems = submitProblems(form);
   const submit = useMutation({
-    mutationFn: () => api.post<QueuedRequestDetail>("requests/", submitBody(form)),
+    mutationFn: () => api.post<QueuedRequestDetail>("requests/", submitBody(form, classes.data)),
     onSuccess: () => queryClient.invalidateQueries({ queryKey: ["requests"] }),
   });
   const err = submit.error instanceof ApiError ? submit.error : null;
   const fieldErr = (...names: string[]) => names.map((n) => err?.fieldError(n)).find(Boolean);
-  const chosen = classInfo(priorityClass);
+  const chosen = classInfo(classes.data, priorityClass);
 
   function onSubmit(e: FormEvent) {
     e.preventDefault();
@@ -214,8 +215,10 @@ function SubmitCard() {
         )}
         <Radio.Group label="Class" value={priorityClass} onChange={setPriorityClass} error={fieldErr("priority_class")}>
           <Stack gap={6} mt={4}>
-            {PRIORITY_CLASSES.map((c) => (
-              <Radio key={c.name} value={c.name} label={c.label} description={c.description} />
+            {classes.isError && <Text size="sm" c="red.9">The classes could not be loaded: {classes.error.message}</Text>}
+            {(classes.data ?? []).map((c) => (
+              <Radio key={c.name} value={c.name} label={classLabel(c.name)} disabled={!c.allowed}
+                description={c.allowed ? classDescription(c) : `${classDescription(c)} ${CLASS_NOT_ALLOWED}`} />
             ))}
           </Stack>
         </Radio.Group>
