@@ -98,3 +98,18 @@ def make_user(db) -> Callable[..., object]:  # type: ignore[no-untyped-def]
         )
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _migration_data(request: pytest.FixtureRequest) -> None:
+    # A transactional test's flush empties every table, the rows data migrations create (the priority classes)
+    # included; a database test that runs after one gets them back, as a fresh database has them.
+    uses_db = {"db", "transactional_db", "live_server"} & set(request.fixturenames)
+    if request.node.get_closest_marker("django_db") is None and not uses_db:
+        return
+    request.getfixturevalue("_django_db_helper")
+    for name in sorted(uses_db - {"live_server"}):
+        request.getfixturevalue(name)
+    from tests.scheduling.support import restore_priority_classes
+
+    restore_priority_classes()

@@ -48,3 +48,21 @@ def submit(
         actor=actor or UserFactory(),
         now=now,
     )
+
+
+def restore_priority_classes() -> None:
+    """Put back the classes the data migrations create, by running those migrations' own functions, when a
+    transactional test's flush removed them (it empties every table, migration data included)."""
+    import importlib
+
+    from django.apps import apps
+
+    if PriorityClass.objects.exists():
+        return
+    for module, function in (
+        ("0002_priority_classes", "create"),
+        ("0004_preemptible_class", "create"),
+        ("0006_high_is_restricted", "restrict"),
+    ):
+        migration = importlib.import_module(f"controlplane.scheduling.migrations.{module}")
+        getattr(migration, function)(apps, None)
