@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from nodeagent import schema
-from nodeagent.backends.base import BackendUnavailable
+from nodeagent.backends.base import BackendUnavailable, note_unsupported
 from nodeagent.mig import MigResult
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,7 @@ class AmdsmiBackend:
             return None
 
     def _note(self, uuid: str, field: str, why: str) -> None:
-        seen = self.unsupported.setdefault(uuid, set())
-        if field not in seen:
-            seen.add(field)
-            log.info("GPU %s: %s is unavailable (%s); it is reported as null", uuid, field, why)
+        note_unsupported(self.unsupported, uuid, field, why)
 
     # -- discovery ------------------------------------------------------------------------------------------
 

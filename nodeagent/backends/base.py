@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
 from nodeagent import schema
 from nodeagent.mig import MigResult
+
+log = logging.getLogger(__name__)
+
+
+def note_unsupported(unsupported: dict[str, set[str]], uuid: str, field: str, why: str) -> None:
+    """A field this GPU could not give: logged once per GPU and field (it is reported as null every time, and a
+    log line per sample would drown the rest)."""
+    seen = unsupported.setdefault(uuid, set())
+    if field not in seen:
+        seen.add(field)
+        log.info("GPU %s: %s is unavailable (%s); it is reported as null", uuid, field, why)
 
 
 class BackendUnavailable(RuntimeError):

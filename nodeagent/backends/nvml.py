@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from nodeagent import schema
-from nodeagent.backends.base import BackendUnavailable
+from nodeagent.backends.base import BackendUnavailable, note_unsupported
 from nodeagent.backends.gpm import GpmReader
 from nodeagent.backends.nvml_mig import NvmlMig
 from nodeagent.mig import MigResult
@@ -125,10 +125,7 @@ class NvmlBackend:
             return None
 
     def _note(self, uuid: str, field: str, why: str) -> None:
-        seen = self.unsupported.setdefault(uuid, set())
-        if field not in seen:
-            seen.add(field)
-            log.info("GPU %s: %s is unavailable (%s); it is reported as null", uuid, field, why)
+        note_unsupported(self.unsupported, uuid, field, why)
 
     # -- discovery ------------------------------------------------------------------------------------------
 

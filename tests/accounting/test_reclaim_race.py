@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 
 from controlplane.accounting import reclaim
@@ -17,30 +15,10 @@ from controlplane.accounting.models import IdleReclamation
 from controlplane.core.errors import Conflict
 from controlplane.reservations.models import Reservation
 from tests.accounting.helpers import book, idle_warned
+from tests.racing import together
 from tests.reservations.fleet import gpu_model, project, server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-def together(works: list[Callable[[], Any]]) -> list[Any]:
-    barrier = threading.Barrier(len(works))
-    results: list[Any] = [None] * len(works)
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = works[i]()
-        except Exception as exc:
-            results[i] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(works))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return results
 
 
 def test_eight_concurrent_beats_warn_once():
@@ -49,7 +27,7 @@ def test_eight_concurrent_beats_warn_once():
     proj = project()
     r = idle_warned(proj, model, count=2, warn=False)
     at = timezone.now()
-    results = together([lambda: reclaim.idle_reclaim_pass(now=at)] * 8)
+    results = together(*[lambda: reclaim.idle_reclaim_pass(now=at)] * 8)
     assert not [x for x in results if isinstance(x, Exception)], results
     assert sorted(results) == [0] * 7 + [1]
     assert IdleReclamation.objects.filter(reservation=r).count() == 1
@@ -72,7 +50,7 @@ def test_keep_racing_a_booking_of_the_freed_gpus_one_wins():
     def take() -> Any:
         return book(other, model, cut_end, cut_end + timedelta(hours=1), count=2)
 
-    kept, taken = together([keep, take])
+    kept, taken = together(keep, take)
     assert isinstance(kept, Conflict) != isinstance(taken, Conflict), (kept, taken)
     r.refresh_from_db()
     if isinstance(kept, Conflict):

@@ -3,11 +3,9 @@ the request is refused (the server is ready) or the return is (a request waits f
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connections
 
 from controlplane.core.errors import Conflict
 from controlplane.fleet import mig as fleet_mig
@@ -15,31 +13,11 @@ from controlplane.inventory.choices import MigChange, ServerState
 from controlplane.inventory.models import Gpu, Server
 from controlplane.inventory.services import server_set_state
 from tests.factories import OperatorFactory
+from tests.racing import together
 from tests.reservations.fleet import gpu_model, server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 ROUNDS = 12
-
-
-def together(*works: Any) -> list[Any]:
-    barrier = threading.Barrier(len(works))
-    results: list[Any] = [None] * len(works)
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = works[i]()
-        except Exception as exc:
-            results[i] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(works))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
 
 
 def test_a_mig_request_and_a_return_to_ready_never_both_succeed() -> None:
