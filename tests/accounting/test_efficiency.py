@@ -146,7 +146,7 @@ def test_the_statement_as_csv_ranks_reservations_then_the_three_totals(api_clien
 
 def test_a_bad_month_is_a_400_naming_it(api_client, proj, march):  # type: ignore[no-untyped-def]
     api_client.force_authenticate(march["owner"])
-    for bad in ("2025-13", "March", "2025-3"):
+    for bad in ("2025-13", "March", "2025-3", "0000-01", "0001-01", "9999-12"):
         response = api_client.get(URL, {"project": proj.slug, "month": bad})
         assert response.status_code == 400 and "month" in response.json()["error"]["fields"]
     missing = api_client.get(URL, {"month": "2025-03"})

@@ -199,7 +199,9 @@ class StatementSerializer(serializers.ModelSerializer):
 
 class EfficiencyQuerySerializer(serializers.Serializer):
     month = serializers.RegexField(
-        r"^\d{4}-(0[1-9]|1[0-2])$",
+        # Years 2000-2999: the statement compares with the month before and the fleet, and a year 0 or 9999's
+        # neighbours are no dates at all.
+        r"^2\d{3}-(0[1-9]|1[0-2])$",
         required=False,
         max_length=7,
         help_text="The UTC month, YYYY-MM; the current month when left out.",
