@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.scheduling import services
@@ -142,7 +143,8 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         "reservation whose end frees them (`blocked_by`, `blocked_until`: its shadow time, ISO 8601). "
         "403 for tenants.",
     )
-    @action(detail=False, methods=["get"], pagination_class=None, filterset_class=None)
+    # IsOperator, not only the check in the body: the schema then documents the 403 tenants get.
+    @action(detail=False, methods=["get"], pagination_class=None, filterset_class=None, permission_classes=[IsOperator])
     def queue(self, request: Request) -> Response:
         _operator_only(request)
         return Response(QueueEntrySerializer(operator_queue(), many=True).data)
