@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.accounts.api.permissions import IsOperator
-from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
+from controlplane.accounts.selectors import can_book, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.scheduling import services
 from controlplane.scheduling.api.serializers import (
@@ -36,13 +36,6 @@ from controlplane.scheduling.selectors import (
 )
 
 _ROLE = "Queueing needs the owner or member role in the project."
-_OPERATORS = "Only operators may do this."
-
-
-def _operator_only(request: Request) -> None:
-    # Before the lookup: a tenant is told 403 whether or not it may see the request.
-    if not is_operator(request.user):
-        raise PermissionDenied(_OPERATORS)
 
 
 @extend_schema_view(
@@ -143,10 +136,10 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         "reservation whose end frees them (`blocked_by`, `blocked_until`: its shadow time, ISO 8601). "
         "403 for tenants.",
     )
-    # IsOperator, not only the check in the body: the schema then documents the 403 tenants get.
+    # IsOperator (checked before any lookup, so a tenant is told 403 whether or not it may see the request) also
+    # puts the 403 in the schema.
     @action(detail=False, methods=["get"], pagination_class=None, filterset_class=None, permission_classes=[IsOperator])
     def queue(self, request: Request) -> Response:
-        _operator_only(request)
         return Response(QueueEntrySerializer(operator_queue(), many=True).data)
 
     @extend_schema(
@@ -154,27 +147,24 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         responses={200: QueuedRequestDetailSerializer},
         summary="Operators: hold a queued request (the pass skips it until released; 409 `invalid_state` else)",
     )
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
     def hold(self, request: Request, id: str) -> Response:
-        _operator_only(request)
-        queued = self.get_object()
-        serializer = QueuedRequestCancelSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        services.request_hold(request=queued, actor=request.user, reason=serializer.validated_data["reason"])
-        return self._detail(queued.pk)
+        return self._operator_move(request, services.request_hold)
 
     @extend_schema(
         request=QueuedRequestCancelSerializer,
         responses={200: QueuedRequestDetailSerializer},
         summary="Operators: release a held request back into the queue (409 `invalid_state` unless held)",
     )
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
     def release(self, request: Request, id: str) -> Response:
-        _operator_only(request)
+        return self._operator_move(request, services.request_release)
+
+    def _operator_move(self, request: Request, move: Any) -> Response:
         queued = self.get_object()
         serializer = QueuedRequestCancelSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        services.request_release(request=queued, actor=request.user, reason=serializer.validated_data["reason"])
+        move(request=queued, actor=request.user, reason=serializer.validated_data["reason"])
         return self._detail(queued.pk)
 
     @extend_schema(
@@ -182,9 +172,8 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         responses={200: QueuedRequestDetailSerializer},
         summary="Operators: move a queued or held request to another class (an event; 409 `invalid_state` else)",
     )
-    @action(detail=True, methods=["post"], url_path="priority-class")
+    @action(detail=True, methods=["post"], url_path="priority-class", permission_classes=[IsOperator])
     def priority_class(self, request: Request, id: str) -> Response:
-        _operator_only(request)
         queued = self.get_object()
         serializer = PriorityClassChangeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
