@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane.accounts.choices import Role
 from controlplane.accounts.models import Membership, Project
-from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.core.errors import Conflict, PermissionDenied, ValidationFailed
 from controlplane.notifications import messages, signing, urlcheck
 from controlplane.notifications.choices import (
     DEFAULT_CHANNELS,
@@ -229,11 +229,14 @@ def preferences_of(user: Any) -> list[dict[str, Any]]:
 def preferences_set(*, user: Any, changes: dict[str, str]) -> list[dict[str, Any]]:
     """Set the channel of each event type in ``changes``; all or nothing."""
     allowed = {t.value for t in preference_types_for(user)}
+    # An event only operators receive, chosen by someone else: a refusal of who asks (403), as the schema's
+    # list of events is everyone's.
+    refused = {f"preferences.{t}": ["Only operators receive this event."] for t in changes if t not in allowed}
+    if refused:
+        raise PermissionDenied("Some of these events reach operators only.", fields=refused)
     errors = {}
     for event_type, channel in changes.items():
-        if event_type not in allowed:
-            errors[f"preferences.{event_type}"] = [f"{event_type!r} is not an event you can choose."]
-        elif channel not in Channel.values:
+        if channel not in Channel.values:
             errors[f"preferences.{event_type}"] = [f"{channel!r} is not one of {', '.join(Channel.values)}."]
     if errors:
         raise ValidationFailed("Some preferences are not valid.", fields=errors)

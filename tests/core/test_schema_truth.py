@@ -166,3 +166,23 @@ def test_booleans_are_true_or_false(tenant):
         "requeue_on_interrupt" in error(client.patch(path, {"requeue_on_interrupt": 0}, format="json"), 400)["fields"]
     )
     assert client.patch(path, {"requeue_on_interrupt": True}, format="json").status_code == 200
+
+
+def test_a_request_object_admits_extra_keys_without_nul_as_the_parsers_do(schema, tenant):
+    """The API ignores a key no field reads, but its parsers refuse a NUL in any key or string: the schema says
+    both of every object a request carries (found by schemathesis in a preference's unknown key)."""
+    components = schema["components"]["schemas"]
+    preference = components["PreferenceRequest"]
+    assert preference["propertyNames"] == {"pattern": "^[^\\u0000]*$"}
+    assert preference["additionalProperties"] == {"$ref": "#/components/schemas/ExtraValue"}
+    assert all(
+        c.get("additionalProperties") is not None
+        for name, c in components.items()
+        if name.endswith("Request")
+        if c.get("type") == "object"
+    )
+    body = {"preferences": [{"event_type": "reservation.booked", "channel": "email", "note": {"a\x00": 1}}]}
+    refused = error(tenant.put("/api/v1/notifications/preferences/", body, format="json"), 400)
+    assert refused["fields"] == {"preferences.0.note.a\\u0000": ["Null characters are not allowed."]}
+    body["preferences"][0]["note"] = {"a": [1, "text"]}
+    assert tenant.put("/api/v1/notifications/preferences/", body, format="json").status_code == 200

@@ -13,6 +13,13 @@ await run("notifications", async (page) => {
   expect((await bell.getAttribute("aria-label"))?.startsWith("Notifications"), "the bell is named");
   await bell.click();
   await page.getByTestId("notification-list").waitFor();
+  // Axe reads colours as drawn: wait for the list to load and the popover's fade-in to finish (under load a
+  // half-transparent dropdown read as low contrast).
+  await page.waitForFunction(() => {
+    const list = document.querySelector('[data-testid="notification-list"]');
+    const dropdown = list?.closest(".mantine-Popover-dropdown");
+    return list && !list.textContent.includes("Loading") && dropdown && getComputedStyle(dropdown).opacity === "1";
+  }, null, { timeout: 15_000 });
   await axeCheck(page, "notification-bell");
   await page.getByRole("link", { name: "All notifications and preferences" }).click();
   await page.getByRole("heading", { level: 1, name: "Notifications" }).waitFor();

@@ -86,7 +86,7 @@ def test_preferences_read_defaults_and_are_set_all_or_nothing(trio: Any) -> None
         },
         format="json",
     )
-    assert bad.status_code == 400 and "preferences.fleet.server_lost" in bad.json()["error"]["fields"]
+    assert bad.status_code == 403 and "preferences.fleet.server_lost" in bad.json()["error"]["fields"]
     assert services.preferences_of(owner)[0]["channel"] == Channel.NONE  # booked unchanged: nothing written
     assert (
         client(owner)

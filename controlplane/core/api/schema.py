@@ -20,7 +20,8 @@ Every optional query parameter is documented with ``allowEmptyValue``: the API r
 given (controlplane/core/api/query.py); a free-text path or query parameter, as admitting no NUL.
 
 ``postprocess`` (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) mends what drf-spectacular writes wrongly for
-every operation: a type list that names "null" twice. ``AutoSchema`` also writes a decimal's pattern as the
+every operation: a type list that names "null" twice; and it says of every object a request carries that its
+keys admit no NUL, as the parsers refuse one in any key. ``AutoSchema`` also writes a decimal's pattern as the
 field parses it (drf-spectacular's admits "" and a sign below the field's minimum).
 """
 
@@ -177,6 +178,39 @@ def _mend(node: Any) -> None:
             _mend(item)
 
 
+# What a key no field reads may carry: the API ignores it, but its parsers refuse a NUL anywhere in the body.
+EXTRA_VALUE = "ExtraValue"
+_EXTRA_REF = {"$ref": f"#/components/schemas/{EXTRA_VALUE}"}
+_EXTRA_VALUE_SCHEMA = {
+    "description": "Any JSON value with no NUL character in its strings or keys (the API ignores it).",
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": _EXTRA_REF},
+        {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": _EXTRA_REF},
+    ],
+}
+
+
+def _keys_admit_no_nul(node: Any) -> None:
+    """The parsers refuse a NUL in any key or string (core/api/parsers.py), in a key no field reads too: say so
+    of every object a request body may carry, so that the schema admits no body the API refuses."""
+    if isinstance(node, dict):
+        if node.get("type") == "object" and "propertyNames" not in node and "additionalProperties" not in node:
+            node["propertyNames"] = {"pattern": NO_NUL}
+            node["additionalProperties"] = _EXTRA_REF
+        for value in node.values():
+            _keys_admit_no_nul(value)
+    elif isinstance(node, list):
+        for item in node:
+            _keys_admit_no_nul(item)
+
+
 def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     _mend(result)
+    # COMPONENT_SPLIT_REQUEST: what a request carries is a component of its own, named ...Request.
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request"):
+            _keys_admit_no_nul(component)
+    result.setdefault("components", {}).setdefault("schemas", {})[EXTRA_VALUE] = _EXTRA_VALUE_SCHEMA
     return result

@@ -188,6 +188,8 @@ class MemberCapViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = MemberCapSerializer
     filterset_class = MemberCapFilter
     queryset = MemberCap.objects.none()
+    # A body naming a project not the caller's (404) or one the caller only belongs to (403).
+    schema_error_statuses = {"POST": ("403", "404")}
 
     def get_queryset(self) -> QuerySet[MemberCap]:
         return (

@@ -57,6 +57,8 @@ class NotificationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 class PreferencesView(APIView):
     """Per event, how it reaches you beyond this list: email, your project's webhooks, or nothing."""
 
+    schema_error_statuses = {"PUT": ("403",)}  # an event only operators receive, chosen by a tenant
+
     @extend_schema(responses={200: s.PreferencesSerializer}, summary="Your notification preferences")
     def get(self, request: Request) -> Response:
         return Response({"preferences": services.preferences_of(request.user)})
