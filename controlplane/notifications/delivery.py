@@ -20,7 +20,7 @@ from typing import Any, cast
 import urllib3
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import Q, Subquery, Value
+from django.db.models import BigIntegerField, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -37,6 +37,9 @@ BATCH = 100
 # The first event whose fan-out has not committed yet; with none, every event id is below the bound.
 _first_unfanned = Event.objects.filter(fanned_out_at__isnull=True).order_by("id").values("id")[:1]
 _NO_EVENT = 2**63 - 1
+# Typed: an untyped Value is an IntegerField, which PostgreSQL's server-side binding sends as an int4 (this one
+# wrapped round to -1, and nothing was sent at all).
+_NO_EVENT_VALUE = Value(_NO_EVENT, output_field=BigIntegerField())
 
 _pools = threading.local()
 
@@ -129,7 +132,7 @@ def deliver_endpoint(*, endpoint_id: int, limit: int = 500, clock: Any = timezon
                 # Order across fan-outs: two fan-out workers may commit event 102's deliveries before event
                 # 101's; nothing past the first event still waiting for its fan-out goes out yet, so 101 can
                 # never arrive after 102 (a read of the pending events' partial index).
-                .filter(event_id__lt=Coalesce(Subquery(_first_unfanned), Value(_NO_EVENT)))
+                .filter(event_id__lt=Coalesce(Subquery(_first_unfanned), _NO_EVENT_VALUE))
                 .select_related("event", "endpoint__project")
                 .order_by("event_id")[:wanted]
             )

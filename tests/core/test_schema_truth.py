@@ -186,3 +186,16 @@ def test_a_request_object_admits_extra_keys_without_nul_as_the_parsers_do(schema
     assert refused["fields"] == {"preferences.0.note.a\\u0000": ["Null characters are not allowed."]}
     body["preferences"][0]["note"] = {"a": [1, "text"]}
     assert tenant.put("/api/v1/notifications/preferences/", body, format="json").status_code == 200
+
+
+def test_a_text_is_measured_as_sent_before_its_blanks_are_trimmed(operator, schema):
+    """maxLength counts what was sent: two blanks and a full-length name is one too long (schemathesis)."""
+    limit = schema["components"]["schemas"]["SiteRequest"]["properties"]["name"]["maxLength"]
+    refused = error(operator.post("/api/v1/sites/", {"name": "  " + "s" * limit}, format="json"), 400)
+    assert refused["fields"] == {"name": [f"Ensure this field has no more than {limit} characters."]}
+    assert operator.post("/api/v1/sites/", {"name": " " + "s" * (limit - 2) + " "}, format="json").status_code == 201
+
+
+def test_a_servers_events_offer_no_filters_of_the_servers_list(schema):
+    names = {p["name"] for p in schema["paths"]["/api/v1/servers/{id}/events/"]["get"]["parameters"]}
+    assert names == {"id", "limit", "offset"}

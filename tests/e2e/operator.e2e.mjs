@@ -8,7 +8,7 @@
 // It leaves the demo system as it found it: the tenant's reservations are released, the drained server is back
 // to ready and the agent it enrolled is retired.
 
-import { BASE, DESKTOP, PHONE, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
+import { BASE, DESKTOP, PHONE, apiSession as signedInSession, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
 
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
 const FAULTY = `e2e-faulty-${Date.now().toString(36)}`;
@@ -16,54 +16,14 @@ const FAULTY_GPU = `GPU-${FAULTY}-0`;
 const HOT_C = 96;
 const PHONE_NOTE = `e2e phone ${FAULTY}`;
 
-/** A signed-in API session (session cookie + CSRF header), as the portal itself talks to the API. Node's own
- * fetch, with a small cookie jar: it opens a connection per request when the server closes them. */
+/** lib.mjs's signed-in API session, answering a call's body and throwing on an error status. */
 async function apiSession(who) {
-  const jar = new Map();
-  const send = async (method, path, data, headers = {}) => {
-    // The server closes idle keep-alive connections after a couple of seconds; a request sent on one just as it
-    // closes fails without reaching it. Such a failure is retried: a POST carries an Idempotency-Key, so it is
-    // made once however often it arrives (docs/api.md, "Idempotency").
-    const key = method === "GET" ? {} : { "Idempotency-Key": crypto.randomUUID() };
-    let res;
-    for (let attempt = 1; ; attempt++) {
-      try {
-        res = await fetch(`${BASE}${path}`, {
-          method,
-          headers: {
-            Accept: "application/json",
-            Cookie: [...jar].map(([k, v]) => `${k}=${v}`).join("; "),
-            ...(data === undefined ? {} : { "Content-Type": "application/json" }),
-            ...key,
-            ...headers,
-          },
-          body: data === undefined ? undefined : JSON.stringify(data),
-        });
-        break;
-      } catch (e) {
-        if (attempt >= 4) throw e;
-        await new Promise((r) => setTimeout(r, 300));
-      }
-    }
-    for (const c of res.headers.getSetCookie()) {
-      const [pair] = c.split(";");
-      const at = pair.indexOf("=");
-      jar.set(pair.slice(0, at).trim(), pair.slice(at + 1).trim());
-    }
-    const text = await res.text();
-    let body = null;
-    try {
-      body = text ? JSON.parse(text) : null;
-    } catch {
-      body = text;
-    }
-    if (!res.ok) throw new Error(`${method} ${path}: HTTP ${res.status} ${JSON.stringify(body)}`);
-    return body;
+  const send = await signedInSession(who);
+  const call = async (method, path, data) => {
+    const res = await send(method, path, method === "GET" ? undefined : (data ?? {}));
+    if (res.status >= 400) throw new Error(`${method} /api/v1/${path}: HTTP ${res.status} ${JSON.stringify(res.data)}`);
+    return res.data;
   };
-  const call = (method, path, data) =>
-    send(method, `/api/v1/${path}`, method === "GET" ? undefined : (data ?? {}), method === "GET" ? {} : { "X-CSRFToken": jar.get("csrftoken") ?? "", Referer: `${BASE}/` });
-  await send("GET", "/api/v1/auth/csrf/");
-  await call("POST", "auth/login/", { username: who.user, password: who.password });
   return { call, dispose: async () => {} };
 }
 

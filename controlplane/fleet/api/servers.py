@@ -113,7 +113,8 @@ class ServerViewSet(viewsets.ReadOnlyModelViewSet):
         )
 
     @extend_schema(responses={200: s.ServerEventSerializer(many=True)})
-    @action(detail=True, methods=["get"], permission_classes=[IsOperator])
+    # filterset_class=None: the servers' filters are not the events'; the schema must not offer them here.
+    @action(detail=True, methods=["get"], permission_classes=[IsOperator], filterset_class=None)
     def events(self, request: Request, pk: str | None = None) -> Response:
         server = self._server()
         events = ServerEvent.objects.filter(server=server).select_related("gpu")
