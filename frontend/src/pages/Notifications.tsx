@@ -64,7 +64,7 @@ function NotificationList() {
                 <Table.Td data-label="Project">{n.project ?? "fleet"}</Table.Td>
                 <Table.Td data-label="Status">
                   {n.unread ? (
-                    <Button size="compact-xs" variant="default" onClick={() => mark.mutate([n.id])} aria-label={`Mark "${n.title}" read`}>
+                    <Button size="compact-xs" variant="default" onClick={() => mark.mutate([n.id])} aria-label={`Mark read: ${n.title}`}>
                       Mark read
                     </Button>
                   ) : (
