@@ -16,6 +16,10 @@ The packing rule, a pure function (``pick_slices``) so it can be tested exhausti
 * **One server for a count.** When one server can hold every slice asked for, the one left with the fewest
   free memory slices (best fit) wins, then the hostname; only when none can are they spread, by the same
   order over the fleet.
+
+``STRATEGY`` names the rule booking uses: ``"packed"`` (the above), or ``"first_fit"``, the first free devices
+in fleet order (hostname, GPU index, start) whatever is cut already: the baseline bench/fractional.py
+measures packing against.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
@@ -36,6 +41,9 @@ from controlplane.reservations.selectors import overlapping
 from controlplane.reservations.specs import GpuSpec, Window
 
 PLACEMENT_ATTEMPTS = 3
+
+Packing = Literal["packed", "first_fit"]
+STRATEGY: Packing = "packed"
 
 
 @dataclass(frozen=True)
@@ -51,12 +59,14 @@ class SliceSlot:
     gpu_free: int  # memory slices of its GPU free for the whole window
 
 
-def pick_slices(free: Sequence[SliceSlot], count: int) -> list[int] | None:
+def pick_slices(free: Sequence[SliceSlot], count: int, *, strategy: Packing = "packed") -> list[int] | None:
     """MigDevice ids for ``count`` slices by the rule above, or None when there are not that many free."""
     if count < 1:
         raise ValueError("count must be at least 1")
     if len(free) < count:
         return None
+    if strategy == "first_fit":
+        return [slot.id for slot in sorted(free, key=lambda s: (s.hostname, s.gpu_index, s.start, s.id))[:count]]
 
     def order(slot: SliceSlot) -> tuple[int, int, int, str, int]:
         return (slot.gpu_free, slot.gpu_index, slot.start, slot.hostname, slot.id)
@@ -165,7 +175,7 @@ def place_and_allocate(
     count = spec.gpu_count or 1
     for _attempt in range(PLACEMENT_ATTEMPTS + 1):
         free = [slot for slot in free_slices(spec, window) if slot.id not in exclude]
-        chosen = pick_slices(free, count)
+        chosen = pick_slices(free, count, strategy=STRATEGY)
         if chosen is None:
             raise no_capacity(spec)
         slots = {slot.id: slot for slot in free}

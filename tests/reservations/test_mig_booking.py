@@ -84,6 +84,15 @@ def test_pick_keeps_a_count_on_one_server_when_one_can_hold_it():
     assert pick_slices(free, 4) is None
 
 
+def test_first_fit_takes_the_first_free_devices_in_fleet_order_whatever_is_cut():
+    # bench/fractional.py's baseline: host h1's untouched GPU before h2's cut one, then index, then start.
+    free = [slot(1, 20, free=3, server=2), slot(2, 10, free=8, server=1, start=4), slot(3, 10, free=8, server=1)]
+    assert pick_slices(free, 1) == [1]
+    assert pick_slices(free, 1, strategy="first_fit") == [3]
+    assert pick_slices(free, 3, strategy="first_fit") == [3, 2, 1]
+    assert pick_slices(free, 4, strategy="first_fit") is None
+
+
 # -- booking ----------------------------------------------------------------------------------------------
 
 pytestmark = pytest.mark.django_db
