@@ -14,6 +14,10 @@ the reservations' names; the fleet's figures are two more.
   was under ``ACCOUNTING_LOW_UTIL_PERCENT`` (70 %).
 * **Energy**: the GPUs' energy; the facility's is each GPU's energy times its site's PUE, and costs the site's
   price per kWh (a server in no site: ``DEFAULT_PUE`` and no price).
+* **Profiling readings** (DCGM's SM active, tensor pipe active and DRAM active, from the GPM API where the
+  GPU has it): the held-time-weighted mean of the hours' means, over the hours that have a reading. They are
+  the evidence of work that utilization is not (a busy loop reads 100 % utilization and little SM activity);
+  where no hour has them the figures are null and ``profiling`` says "not measured", never a zero.
 * **Waste**, by which reservations are ranked: idle credits, then idle GPU-hours.
 """
 
@@ -53,7 +57,17 @@ CSV_COLUMNS = (
     "energy_wh_per_gpu_hour",
     "credits",
     "idle_credits",
+    "profiling",
+    "profiled_gpu_hours",
+    "sm_active_percent",
+    "tensor_active_percent",
+    "dram_active_percent",
 )
+
+# DCGM's profiling fields as the hourly rollups keep them (GpuUsageHour.<name>_mean, a ratio 0..1).
+PROFILING = ("sm_active", "tensor_active", "dram_active")
+MEASURED, PARTLY_MEASURED, NOT_MEASURED = "measured", "partly measured", "not measured"
+PROFILING_STATES = (MEASURED, PARTLY_MEASURED, NOT_MEASURED)
 
 
 def energy_currency() -> str:
@@ -75,10 +89,27 @@ class Figures:
     energy_cost: Decimal = ZERO
     credits: Decimal = ZERO
     idle_credits: Decimal = ZERO
+    # Per profiling field: the sum of hourly means x held seconds, and the held seconds of hours with a mean.
+    sm_active_w: float = 0.0
+    sm_active_s: float = 0.0
+    tensor_active_w: float = 0.0
+    tensor_active_s: float = 0.0
+    dram_active_w: float = 0.0
+    dram_active_s: float = 0.0
 
     def add(self, other: Figures) -> None:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def profiling(self) -> str:
+        """Whether the held time has profiling readings: SM activity is the field every GPM GPU gives."""
+        if not self.sm_active_s:
+            return NOT_MEASURED
+        return MEASURED if self.sm_active_s >= self.held_s - 1e-6 else PARTLY_MEASURED
+
+    def _prof_percent(self, name: str) -> float | None:
+        held = getattr(self, f"{name}_s")
+        return round(getattr(self, f"{name}_w") / held * 100, 2) if held else None
 
     def as_dict(self) -> dict[str, Any]:
         held_h = self.held_s / 3600
@@ -95,6 +126,9 @@ class Figures:
             "energy_wh_per_gpu_hour": round(self.energy_wh / held_h, 2) if held_h else None,
             "credits": str(self.credits.quantize(MONEY_PLACES)),
             "idle_credits": str(self.idle_credits.quantize(MONEY_PLACES)),
+            "profiling": self.profiling(),
+            "profiled_gpu_hours": round(self.sm_active_s / 3600, 4),
+            **{f"{name}_percent": self._prof_percent(name) for name in PROFILING},
         }
 
 
@@ -124,6 +158,14 @@ def _rollup_groups(hours: QuerySet[GpuUsageHour], keys: list[str], start: dateti
             low=Coalesce(Sum("held_s", filter=Q(util_mean__lt=low)), 0.0),
             rated=Coalesce(Sum("held_s", filter=Q(util_mean__isnull=False)), 0.0),
             energy=Coalesce(Sum("energy_wh"), 0.0),
+            **{
+                f"{name}_w": Coalesce(Sum(F(f"{name}_mean") * F("held_s"), output_field=FloatField()), 0.0)
+                for name in PROFILING
+            },
+            **{
+                f"{name}_s": Coalesce(Sum("held_s", filter=Q(**{f"{name}_mean__isnull": False})), 0.0)
+                for name in PROFILING
+            },
         )
         .order_by()
     )
@@ -159,6 +201,7 @@ def _by_reservation(
                 energy_wh=r["energy"],
                 facility_wh=facility_wh,
                 energy_cost=Decimal(str(facility_wh)) / 1000 * price,
+                **{f"{name}_{part}": r[f"{name}_{part}"] for name in PROFILING for part in ("w", "s")},
             )
         )
     for c in credits:

@@ -566,10 +566,11 @@ def reservation_yield(
 
 def _extension_plan(
     current: Reservation, *, ends_at: datetime, now: datetime, lock: bool = True
-) -> tuple[list[Allocation], dict[int, Gpu], Decimal, Decimal]:
+) -> tuple[list[Allocation], dict[int, Gpu], Decimal, Decimal, list[dict[str, Any]]]:
     """The extension's rule, for reservation_extend and extend_quote alike: refuses (ValidationFailed,
     Conflict, QuotaExceeded) when ``current`` cannot be extended to ``ends_at``; else its active
-    allocations, their GPUs, the extra hours and the extra credits. ``lock``: take the GPUs' row locks."""
+    allocations, their GPUs, the extra hours, the extra credits and the quota's warnings (a budget past its
+    cap whose action is ``warn``, as a booking gets them). ``lock``: take the GPUs' row locks."""
     if current.state not in CHANGEABLE_STATES:
         raise Conflict(_not_in_state(current, "extended"), code="invalid_state")
     if ends_at <= current.ends_at:
@@ -614,7 +615,7 @@ def _extension_plan(
     for a in allocations:
         a.gpu = gpus[a.gpu_id]  # loaded above with its model: what costs.weight reads
     needed = credits(sum((costs.rate(costs.weight(a), current) for a in allocations), Decimal(0)) * extra_hours)
-    check_quota(
+    warnings = check_quota(
         project_id=current.project_id,
         need=QuotaNeed(
             credits=needed,
@@ -629,7 +630,7 @@ def _extension_plan(
             probe=not lock,
         ),
     )
-    return allocations, gpus, extra_hours, needed
+    return allocations, gpus, extra_hours, needed, warnings
 
 
 def extend_quote(*, reservation: Reservation, ends_at: datetime, now: datetime | None = None) -> dict[str, Any]:
@@ -652,10 +653,11 @@ def extend_quote(*, reservation: Reservation, ends_at: datetime, now: datetime |
         "allowed": True,
         "gpus_free": True,
         "refusal": None,
+        "warnings": [],
     }
     try:
-        _, _, extra_hours, needed = _extension_plan(reservation, ends_at=ends_at, now=now, lock=False)
-        quote["extra_hours"], quote["extra_credits"] = str(extra_hours), str(needed)
+        _, _, extra_hours, needed, warnings = _extension_plan(reservation, ends_at=ends_at, now=now, lock=False)
+        quote["extra_hours"], quote["extra_credits"], quote["warnings"] = str(extra_hours), str(needed), warnings
     except (Conflict, QuotaExceeded, ValidationFailed) as exc:
         quote["allowed"] = False
         quote["gpus_free"] = exc.code not in ("gpu_taken", "gpu_unavailable")
@@ -667,11 +669,14 @@ def extend_quote(*, reservation: Reservation, ends_at: datetime, now: datetime |
 def reservation_extend(
     *, reservation: Reservation, ends_at: datetime, actor: Any, reason: str = "", now: datetime | None = None
 ) -> Reservation:
-    """Move the end later, on the same GPUs, if they are free and the quota allows; holds the extra credits."""
+    """Move the end later, on the same GPUs, if they are free and the quota allows; holds the extra credits.
+
+    The reservation handed back carries ``warnings`` as a booking's does: a budget past its cap whose action
+    is ``warn`` lets the extension through and says so."""
     now = now or timezone.now()
     current = _locked(reservation)
     old_end = current.ends_at
-    allocations, _gpus, extra_hours, needed = _extension_plan(current, ends_at=ends_at, now=now)
+    allocations, _gpus, extra_hours, needed, warnings = _extension_plan(current, ends_at=ends_at, now=now)
     try:
         with transaction.atomic():
             Allocation.objects.filter(pk__in=[a.pk for a in allocations]).update(ends_at=ends_at)
@@ -700,6 +705,7 @@ def reservation_extend(
     )
     _dispatch_changed(current)
     current.refresh_from_db()
+    current.warnings = warnings  # type: ignore[attr-defined]  # a budget that warns: shown in the response
     return current
 
 

@@ -88,8 +88,10 @@ def telemetry(
     power_w: float | None = 300.0,
     energy_counter: bool = False,
     fb_mib: float | None = 1000.0,
+    profiling: tuple[float, float, float] | None = None,
 ) -> None:
-    """Minute rows as the heartbeat ingest writes them, 60 samples each."""
+    """Minute rows as the heartbeat ingest writes them, 60 samples each. ``profiling``: DCGM's SM active,
+    tensor pipe active and DRAM active ratios on every sample (None: a GPU without GPM, as the ingest leaves it)."""
     rows = []
     for i in range(minutes):
         minute = start + timedelta(minutes=i)
@@ -107,9 +109,24 @@ def telemetry(
                 power_sum_w=(power_w or 0.0) * 60,
                 energy_first_mj=energy - power_w * 59_000.0 if energy is not None and power_w else energy,
                 energy_last_mj=energy,
+                **_profiling_columns(profiling),
             )
         )
     GpuTelemetryMinute.objects.bulk_create(rows)
+
+
+def _profiling_columns(profiling: tuple[float, float, float] | None) -> dict[str, Any]:
+    if profiling is None:
+        return {}
+    sm, tensor, dram = profiling
+    return {
+        "sm_active_samples": 60,
+        "sm_active_sum": sm * 60,
+        "tensor_active_samples": 60,
+        "tensor_active_sum": tensor * 60,
+        "dram_active_samples": 60,
+        "dram_active_sum": dram * 60,
+    }
 
 
 def idle_warned(project: Any, model: Any, *, actor: Any = None, count: int = 1, warn: bool = True) -> Reservation:

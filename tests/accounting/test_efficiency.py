@@ -3,6 +3,8 @@ that really ran (launches, settlement) and minute telemetry rolled up by the rea
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import timedelta
 from decimal import Decimal
 
@@ -27,15 +29,17 @@ def roll(start, hours: int) -> None:  # type: ignore[no-untyped-def]
         rollup_hour(hour=hour, upto=hour + timedelta(hours=1))
 
 
-def run(proj, model, start, hours, *, count=1, utils=(80.0,), actor=None, name="job"):  # type: ignore[no-untyped-def]
-    """A reservation of ``count`` GPUs that ran its whole window; ``utils``: each hour's utilization."""
+def run(proj, model, start, hours, *, count=1, utils=(80.0,), actor=None, name="job", profiling=None):  # type: ignore[no-untyped-def]
+    """A reservation of ``count`` GPUs that ran its whole window; ``utils``: each hour's utilization;
+    ``profiling``: each hour's (SM, tensor, DRAM) activity ratios, or None for an hour without them."""
     end = start + timedelta(hours=hours)
     r = book(proj, model, start, end, count=count, actor=actor, name=name)
     ran(r, start, end)
     finish(r, ended_at=end)
     for gpu_id in r.allocations.values_list("gpu_id", flat=True):
         for i, util in enumerate(utils):
-            telemetry(gpu_id, start + timedelta(hours=i), 60, util=util, power_w=300.0)
+            prof = profiling[i] if profiling else None
+            telemetry(gpu_id, start + timedelta(hours=i), 60, util=util, power_w=300.0, profiling=prof)
     roll(start, hours)
     return r
 
@@ -78,6 +82,53 @@ def test_the_statement_gives_utilization_idle_energy_and_waste(proj, march):  # 
     # The fleet adds the other project's hour at 20 %.
     assert data["fleet"]["held_gpu_hours"] == pytest.approx(7)
     assert data["fleet"]["low_util_share"] == pytest.approx(2 / 7, abs=1e-4)
+
+
+def test_profiling_readings_are_shown_where_measured_and_not_measured_elsewhere(proj, model, rack):  # type: ignore[no-untyped-def]
+    # A busy loop: 95 % utilization and little work; a real job: 90 % with SM and tensors busy; a GPU without GPM.
+    run(proj, model, at("2025-03-10 10:00"), 2, utils=(95.0, 95.0), profiling=[(0.05, 0.0, 0.02)] * 2, name="loop")
+    run(
+        proj,
+        model,
+        at("2025-03-11 10:00"),
+        2,
+        count=2,
+        utils=(90.0, 90.0),
+        profiling=[(0.8, 0.5, 0.4), None],
+        name="train",
+    )
+    run(proj, model, at("2025-03-12 10:00"), 1, utils=(90.0,), name="old-gpu")
+    data = efficiency.statement(project=proj, month=at("2025-03-01 00:00"))
+    rows = {r["name"]: r for r in data["reservations"]}
+    loop, train, old = rows["loop"], rows["train"], rows["old-gpu"]
+    assert loop["profiling"] == "measured" and loop["profiled_gpu_hours"] == pytest.approx(2)
+    assert (loop["sm_active_percent"], loop["tensor_active_percent"], loop["dram_active_percent"]) == (5.0, 0.0, 2.0)
+    assert loop["util_mean_percent"] == pytest.approx(95)  # what utilization alone would have said
+    # Measured in its first hour only: the means are that hour's, and the statement says it is partial.
+    assert train["profiling"] == "partly measured" and train["profiled_gpu_hours"] == pytest.approx(2)
+    assert (train["sm_active_percent"], train["tensor_active_percent"]) == (80.0, 50.0)
+    assert old["profiling"] == "not measured" and old["profiled_gpu_hours"] == 0
+    assert old["sm_active_percent"] is None and old["tensor_active_percent"] is None  # never a zero
+    # The month's totals weight each hour by its held time: 2 h at 5 %, 2 GPU-h at 80 %.
+    t = data["totals"]
+    assert t["profiling"] == "partly measured" and t["profiled_gpu_hours"] == pytest.approx(4)
+    assert t["sm_active_percent"] == pytest.approx((5 * 2 + 80 * 2) / 4) and t["tensor_active_percent"] == 25.0
+    assert data["previous"]["profiling"] == "not measured" and data["previous"]["sm_active_percent"] is None
+
+
+def test_the_csv_labels_profiling_readings_and_says_not_measured(api_client, proj, model, rack):  # type: ignore[no-untyped-def]
+    owner = member_of(proj, Role.OWNER)
+    run(proj, model, at("2025-03-10 10:00"), 1, utils=(60.0,), profiling=[(0.5, 0.25, 0.1)], actor=owner, name="gpm")
+    run(proj, model, at("2025-03-11 10:00"), 1, utils=(0.0,), actor=owner, name="nvml-only")
+    api_client.force_authenticate(owner)
+    response = api_client.get(URL + ".csv", {"project": proj.slug, "month": "2025-03"})
+    rows = {row["label"]: row for row in csv.DictReader(io.StringIO(response.content.decode()))}
+    assert rows["gpm"]["profiling"] == "measured" and float(rows["gpm"]["sm_active_percent"]) == 50.0
+    assert float(rows["gpm"]["tensor_active_percent"]) == 25.0 and float(rows["gpm"]["dram_active_percent"]) == 10.0
+    assert rows["nvml-only"]["profiling"] == "not measured" and rows["nvml-only"]["sm_active_percent"] == ""
+    assert rows["Total 2025-03"]["profiling"] == "partly measured"
+    json = api_client.get(URL, {"project": proj.slug, "month": "2025-03"}).json()
+    assert json["totals"]["sm_active_percent"] == 50.0 and json["fleet"]["profiling"] == "partly measured"
 
 
 def test_a_server_in_no_site_uses_the_default_pue_and_no_price(proj, model, rack):  # type: ignore[no-untyped-def]

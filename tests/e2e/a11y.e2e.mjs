@@ -1,10 +1,159 @@
 // Portal-wide accessibility and sign-in (issue 12): the skip link, named modal close buttons, visible focus on
 // inputs, sign-in returning to the page asked for (and never to another site), a signed-out load that logs no
 // error, an unknown reservation asked for once, and the API docs rendering with every external request blocked.
+// Then the idle-reclamation banner (issue 14): a reservation whose GPU reports 0 % utilization is warned by the
+// real reclaimer (beat, every minute) under an idle policy of the demo project, and the banner with its
+// "Keep it" button is checked by axe, then kept.
+//
+// The idle GPU is an MI250X (in the catalog, in no server of the demo fleet) on an agent this script enrolls
+// and speaks for, as operator.e2e.mjs does: it reports the GPU at 0 % and the reservation's container as
+// running. The demo fleet's own GPUs run their containers busy (85-100 %), so the policy (under 5 % for 5
+// minutes) warns nothing else. It leaves the system as it found it: the policy's idle fields are put back,
+// the reservation released and the agent's server retired.
 
-import { BASE, axeCheck, expect, operator, run, signOut, sshPublicKey, step, tenant } from "./lib.mjs";
+import { BASE, apiSession, axeCheck, expect, operator, run, shot, signIn, signOut, sshPublicKey, step, tenant } from "./lib.mjs";
 
 const POLL_MS = 3000; // the reservation page's polling interval
+const IDLE_HOST = `e2e-idle-${Date.now().toString(36)}`;
+const IDLE_GPU = `GPU-${IDLE_HOST}-0`;
+// The reclaimer judges whole minutes inside the allocation: the warning comes 5 to 7 minutes after the booking.
+const IDLE_TIMEOUT_MS = Number(process.env.IDLE_TIMEOUT_S ?? 600) * 1000;
+
+/** An agent that reports one MI250X at 0 % utilization and runs what it is told to, as the node agent's wire
+ * format says (enroll with a join token, then heartbeats; no container runtime behind it). */
+async function idleAgent(token) {
+  const post = async (path, data, headers = {}) => {
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        res = await fetch(`${BASE}/api/v1/${path}`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
+          body: JSON.stringify(data),
+        });
+        break;
+      } catch (e) {
+        // A dropped keep-alive connection (lib.mjs apiSession); an agent retries its heartbeat the same way.
+        if (attempt >= 4 || path === "agent/enroll") throw e;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+    }
+    const text = await res.text();
+    if (!res.ok) throw new Error(`${path}: HTTP ${res.status} ${text}`);
+    return JSON.parse(text);
+  };
+  const { credential } = await post("agent/enroll", { schema_version: 1, join_token: token, hostname: IDLE_HOST, simulated: true });
+  const launches = new Map(); // launch id -> its container report
+  let seq = 0;
+  const beat = async () => {
+    const now = new Date().toISOString();
+    const reply = await post(
+      "agent/heartbeat",
+      {
+        schema_version: 1,
+        seq: ++seq,
+        sent_at: now,
+        node: { hostname: IDLE_HOST, agent_version: "e2e", backend: "simulated", simulated: true },
+        gpus: [{ uuid: IDLE_GPU, index: 0, name: "AMD Instinct MI250X", memory_total_mib: 65536, vendor: "amd" }],
+        samples: [{ uuid: IDLE_GPU, ts: now, fields: { DCGM_FI_DEV_GPU_UTIL: 0, DCGM_FI_DEV_GPU_TEMP: 40, DCGM_FI_DEV_POWER_USAGE: 90 } }],
+        containers: [...launches.values()],
+      },
+      { Authorization: `Bearer ${credential}` },
+    );
+    for (const d of reply.desired ?? []) {
+      if (!launches.has(d.launch_id)) {
+        launches.set(d.launch_id, {
+          launch_id: d.launch_id, reservation: d.reservation, container_id: `e2e-${d.launch_id}`.slice(0, 64),
+          state: "running", gpu_uuids: d.gpu_uuids, started_at: now,
+        });
+      }
+    }
+    for (const id of reply.stop ?? []) {
+      const launch = launches.get(id);
+      if (launch && launch.state === "running") Object.assign(launch, { state: "exited", finished_at: now, exit_code: 0 });
+    }
+  };
+  await beat(); // the first heartbeat makes the GPU known
+  const timer = setInterval(() => beat().catch((e) => console.log(`e2e | idle agent heartbeat failed: ${e}`)), 3000);
+  return { beat, stop: () => clearInterval(timer) };
+}
+
+/** The operator enrolls the idle agent, puts its server in service and gives the demo project an idle policy;
+ * the tenant books the idle GPU for two hours. Returns what the banner step and the clean-up need. */
+async function idleSetup() {
+  const ops = await apiSession(operator);
+  const api = await apiSession(tenant);
+  const made = { ops, api, agent: null, serverId: null, reservation: null, policy: null };
+  const token = await ops("POST", "join-tokens/", { note: `e2e ${IDLE_HOST}`, ttl_s: 600 });
+  expect(token.status === 201, `a join token for the idle agent: ${token.status} ${JSON.stringify(token.data)}`);
+  made.agent = await idleAgent(token.data.token);
+  const servers = await ops("GET", "servers/?limit=500");
+  const server = servers.data.results.find((s) => s.hostname === IDLE_HOST);
+  expect(server, `the idle agent's server is listed: ${IDLE_HOST}`);
+  made.serverId = server.id;
+  if (server.state !== "ready") {
+    const ready = await ops("POST", `servers/${server.id}/state/`, { state: "ready", reason: "e2e: the idle GPU's server" });
+    expect(ready.status === 200, `the idle agent's server is ready: ${ready.status} ${JSON.stringify(ready.data)}`);
+  }
+  const before = await ops("GET", "ledger/quotas/demo/");
+  expect(before.status === 200, `the demo project's quota policy: ${before.status}`);
+  made.policy = {
+    idle_util_percent: before.data.idle_util_percent,
+    idle_minutes: before.data.idle_minutes,
+    idle_grace_minutes: before.data.idle_grace_minutes,
+  };
+  const policy = await ops("PATCH", "ledger/quotas/demo/", { idle_util_percent: "5", idle_minutes: 5, idle_grace_minutes: 10 });
+  expect(policy.status === 200, `an idle policy for demo: ${policy.status} ${JSON.stringify(policy.data)}`);
+  const start = new Date();
+  const booking = await api("POST", "reservations/", {
+    project: "demo",
+    name: "e2e idle",
+    spec: { gpu_model: "MI250X", gpu_count: 1 },
+    window: { start: "now", end: new Date(start.getTime() + 2 * 3_600_000).toISOString() },
+    container: { image: "gpucp-busybox:test", command: ["sleep", "7200"], env: {} },
+  });
+  expect(booking.status === 201, `the idle GPU is booked: ${booking.status} ${JSON.stringify(booking.data)}`);
+  made.reservation = booking.data.id;
+  console.log(`e2e | idle reservation ${made.reservation} booked on ${IDLE_HOST}; the warning is due in 5 to 7 minutes`);
+  return made;
+}
+
+async function idleCleanup(made) {
+  if (!made) return;
+  const { ops, api } = made;
+  const quietly = (what, promise) => promise.catch((e) => console.log(`e2e | clean-up ${what}: ${e}`));
+  if (made.reservation) {
+    const r = await quietly("read", api("GET", `reservations/${made.reservation}/`));
+    const state = r?.data?.state;
+    if (["pending", "scheduled"].includes(state)) await quietly("cancel", api("POST", `reservations/${made.reservation}/cancel/`, { reason: "e2e: done" }));
+    if (["starting", "running"].includes(state)) await quietly("release", api("POST", `reservations/${made.reservation}/release/`, { reason: "e2e: done" }));
+    // The agent reports the container stopped, as a real one would, before it goes.
+    for (let i = 0; i < 5 && made.agent; i++) {
+      await quietly("heartbeat", made.agent.beat());
+      const now = await quietly("read", api("GET", `reservations/${made.reservation}/`));
+      if (!["starting", "running", "stopping"].includes(now?.data?.state)) break;
+      await new Promise((r) => setTimeout(r, 2000));
+    }
+  }
+  made.agent?.stop();
+  if (made.policy) await quietly("policy", ops("PATCH", "ledger/quotas/demo/", made.policy));
+  if (made.serverId) await quietly("retire", ops("POST", `servers/${made.serverId}/state/`, { state: "retired", reason: "e2e: idle agent done" }));
+}
+
+/** The warning as the reservation's API gives it, once the reclaimer has made it. */
+async function waitForIdleWarning(api, id) {
+  const deadline = Date.now() + IDLE_TIMEOUT_MS;
+  let last = null;
+  while (Date.now() < deadline) {
+    const r = await api("GET", `reservations/${id}/idle/`);
+    last = r.data?.idle;
+    if (last?.state === "warned") return last;
+    const state = (await api("GET", `reservations/${id}/`)).data?.state;
+    expect(["scheduled", "starting", "running"].includes(state), `the idle reservation is still live while it waits: ${state}`);
+    await new Promise((r) => setTimeout(r, 5000));
+  }
+  throw new Error(`no idle warning for ${id} in ${IDLE_TIMEOUT_MS / 1000}s (last: ${JSON.stringify(last)})`);
+}
 
 async function signInHere(page, who) {
   await page.getByLabel("Username").fill(who.user);
@@ -25,6 +174,41 @@ async function focusRing(page) {
 }
 
 await run("a11y", async (page, context) => {
+  let idle = null;
+  try {
+    step("idle reclamation: an agent reports an MI250X at 0 %; demo gets an idle policy; the tenant books the GPU");
+    idle = await idleSetup();
+    await walk(page, context);
+    await idleBanner(page, idle);
+  } finally {
+    await idleCleanup(idle);
+  }
+});
+
+async function idleBanner(page, idle) {
+  step("the idle warning's banner on the reservation page passes axe, and Keep it keeps the reservation");
+  const warning = await waitForIdleWarning(idle.api, idle.reservation);
+  expect(Number(warning.util_percent) < 5, `the warning reports the GPU's utilization: ${JSON.stringify(warning)}`);
+  await page.goto(`${BASE}/`);
+  if (await page.getByRole("button", { name: "Sign out" }).isVisible().catch(() => false)) await signOut(page);
+  await signIn(page, tenant);
+  await page.goto(`${BASE}/reservations/${idle.reservation}`);
+  // Mantine's Alert names itself by its title (aria-labelledby), so it is found by its test id.
+  const banner = page.getByTestId("idle-banner");
+  await banner.waitFor();
+  expect((await banner.innerText()).includes("This reservation looks idle"), "the banner says what it found");
+  await axeCheck(page, "idle-banner");
+  await shot(page, "a11y-idle-banner");
+  await banner.getByRole("button", { name: "Keep it" }).click();
+  await banner.waitFor({ state: "detached" });
+  const kept = await idle.api("GET", `reservations/${idle.reservation}/idle/`);
+  expect(kept.data?.idle?.state === "kept", `kept: ${JSON.stringify(kept.data)}`);
+  const r = await idle.api("GET", `reservations/${idle.reservation}/`);
+  expect(r.data.ends_at === warning.booked_ends_at || Date.parse(r.data.ends_at) === Date.parse(warning.booked_ends_at),
+    `kept, it runs to its booked end: ${r.data.ends_at} vs ${warning.booked_ends_at}`);
+}
+
+async function walk(page, context) {
   step("a signed-out load asks whether it is signed in without an error: no 401, nothing red in the console");
   const consoleErrors = [];
   const unauthorized = [];
@@ -166,4 +350,4 @@ await run("a11y", async (page, context) => {
   const operations = seen.size;
   console.log(`e2e | swagger: ${operations} operations; external requests blocked: ${blocked.length ? blocked.join(", ") : "none made"}`);
   await context.unroute("**/*");
-});
+}

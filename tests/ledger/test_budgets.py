@@ -199,6 +199,55 @@ def test_an_extension_past_the_member_cap_is_refused(fleet, team):
     assert refused.value.code == "member_cap_exceeded"
 
 
+def test_an_extension_past_a_warning_budget_is_made_and_says_so_like_a_booking(api_client, fleet, team):
+    proj, owner = team["project"], team["owner"]
+    budget(proj, "3", action="warn")
+    r = book(proj, owner, gpus=2, hours=1)  # 2 of 3: no warning
+    api_client.force_authenticate(owner)
+    url = f"/api/v1/reservations/{r.public_id}/"
+    within = api_client.post(
+        url + "extend/", {"ends_at": (r.ends_at + timedelta(minutes=30)).isoformat()}, format="json"
+    )
+    assert within.status_code == 200, within.content
+    assert within.data["warnings"] == []  # 3 of 3: at the cap, not past it
+    new_end = r.ends_at + timedelta(hours=1)
+    quote = api_client.get(url + "extend-quote/", {"ends_at": new_end.isoformat()})
+    assert quote.status_code == 200 and quote.data["allowed"] is True
+    [quoted] = quote.data["warnings"]
+    response = api_client.post(url + "extend/", {"ends_at": new_end.isoformat()}, format="json")
+    assert response.status_code == 200, response.content
+    [warning] = response.data["warnings"]
+    # The booking's warning, from the one rule (budgets.check): the same keys, for the extension's need.
+    assert warning == quoted
+    assert warning["code"] == "budget_exceeded" and warning["quota"] == "budget"
+    assert (warning["needed"], warning["spent"], warning["available"]) == ("1.0000", "3.0000", "0.0000")
+    assert "Booked anyway: the budget warns." in warning["message"]
+    r.refresh_from_db()
+    assert r.ends_at == new_end
+    assert sorted(BudgetAlert.objects.values_list("threshold", flat=True)) == [80, 95, 100]
+    assert api_client.get(url).data["warnings"] == []
+
+
+def test_an_extension_past_a_refusing_budget_is_a_409_and_writes_nothing(api_client, fleet, team):
+    proj, owner = team["project"], team["owner"]
+    budget(proj, "3")
+    r = book(proj, owner, gpus=2, hours=1)
+    entries, alerts = LedgerEntry.objects.count(), BudgetAlert.objects.count()
+    api_client.force_authenticate(owner)
+    url = f"/api/v1/reservations/{r.public_id}/"
+    new_end = r.ends_at + timedelta(hours=1)
+    quote = api_client.get(url + "extend-quote/", {"ends_at": new_end.isoformat()})
+    assert quote.data["allowed"] is False and quote.data["refusal"]["code"] == "budget_exceeded"
+    assert quote.data["warnings"] == []
+    response = api_client.post(url + "extend/", {"ends_at": new_end.isoformat()}, format="json")
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "budget_exceeded" and (error["needed"], error["available"]) == ("2.0000", "1.0000")
+    assert (LedgerEntry.objects.count(), BudgetAlert.objects.count()) == (entries, alerts)
+    r.refresh_from_db()
+    assert r.ends_at == new_end - timedelta(hours=1)
+
+
 def test_a_cap_on_someone_outside_the_project_is_a_400(fleet, team):
     from controlplane.core.errors import ValidationFailed
 

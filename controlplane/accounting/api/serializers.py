@@ -6,6 +6,7 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy, Period
+from controlplane.accounting.efficiency import PROFILING_STATES
 from controlplane.accounting.models import MonthlyStatement, UsageRecord
 from controlplane.accounting.timeutil import is_on_the_hour, month_start, next_month, utc
 from controlplane.accounts.models import Project
@@ -235,6 +236,24 @@ class EfficiencyFiguresSerializer(serializers.Serializer):
     energy_wh_per_gpu_hour = serializers.FloatField(allow_null=True)
     credits = serializers.CharField(help_text="Credits charged (settled reservations).")
     idle_credits = serializers.CharField(help_text="The credits' share spent on idle GPU time.")
+    profiling = serializers.ChoiceField(
+        choices=list(PROFILING_STATES),
+        help_text="Whether the held time has DCGM profiling readings (the GPM API, Hopper and newer): all of it, "
+        "some, or none (utilization only; the profiling figures are null).",
+    )
+    profiled_gpu_hours = serializers.FloatField(help_text="Held GPU-hours in hours with an SM-active reading.")
+    sm_active_percent = serializers.FloatField(
+        allow_null=True,
+        help_text="Profiling reading: mean DCGM_FI_PROF_SM_ACTIVE, weighted by held time; null: not measured.",
+    )
+    tensor_active_percent = serializers.FloatField(
+        allow_null=True,
+        help_text="Profiling reading: mean DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, weighted by held time; null: not measured.",
+    )
+    dram_active_percent = serializers.FloatField(
+        allow_null=True,
+        help_text="Profiling reading: mean DCGM_FI_PROF_DRAM_ACTIVE, weighted by held time; null: not measured.",
+    )
 
 
 class PreviousFiguresSerializer(EfficiencyFiguresSerializer):

@@ -291,6 +291,12 @@ class ExtendRefusalSerializer(serializers.Serializer):
     )
 
 
+WARNINGS_HELP = (
+    "What the booking or extension was told and let through: a budget past its cap whose action is warn "
+    "(code budget_exceeded, message, budget, spent, needed, available, period)."
+)
+
+
 class ExtendQuoteSerializer(serializers.Serializer):
     """What extending to ``ends_at`` costs and whether POST .../extend/ would accept it now."""
 
@@ -302,6 +308,9 @@ class ExtendQuoteSerializer(serializers.Serializer):
     allowed = serializers.BooleanField(help_text="True when the extension would be accepted now.")
     gpus_free = serializers.BooleanField(help_text="False when one of its GPUs is booked or unavailable then.")
     refusal = ExtendRefusalSerializer(allow_null=True, help_text="Why not, when not allowed; else null.")
+    warnings = serializers.ListField(
+        child=serializers.DictField(), help_text=WARNINGS_HELP + " What POST .../extend/ would answer now."
+    )
 
 
 class SpecOutSerializer(serializers.Serializer):
@@ -464,10 +473,7 @@ class ReservationDetailSerializer(ReservationSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
     events = ReservationEventSerializer(many=True, read_only=True)
     access = serializers.SerializerMethodField()
-    warnings = serializers.SerializerMethodField(
-        help_text="What the booking was told and let through: a budget past its cap whose action is warn "
-        "(code budget_exceeded, message, budget, spent, needed, period). Empty on a later read."
-    )
+    warnings = serializers.SerializerMethodField(help_text=WARNINGS_HELP + " Empty on a later read.")
 
     class Meta(ReservationSerializer.Meta):
         fields = [*ReservationSerializer.Meta.fields, "allocations", "events", "access", "warnings"]

@@ -76,6 +76,8 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
 
     def _detail(self, reservation: Reservation, code: int = status.HTTP_200_OK) -> Response:
         fresh = self.get_queryset().get(pk=reservation.pk)
+        # What the command was told and let through (an extension past a budget that warns) is not stored.
+        fresh.warnings = getattr(reservation, "warnings", [])  # type: ignore[attr-defined]
         return Response(ReservationDetailSerializer(fresh, context=self.get_serializer_context()).data, status=code)
 
     @extend_schema(
@@ -139,6 +141,10 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         request=ExtendSerializer,
         responses={200: ReservationDetailSerializer},
         summary="Extend the window on the same GPUs, if they are free and the quota allows",
+        description="Holds the extra credits. 409 `gpu_taken` when one of its GPUs is booked in the added "
+        "time, 409 `quota_exceeded`/`budget_exceeded`/`member_cap_exceeded` naming the quota, the need and "
+        "what is left. Past a budget whose action is `warn` the extension is made and its answer carries "
+        "`warnings`, as a booking's does.",
     )
     @action(detail=True, methods=["post"])
     def extend(self, request: Request, id: str) -> Response:

@@ -89,6 +89,14 @@ export interface ExtendQuote {
   allowed: boolean;
   gpus_free: boolean;
   refusal: { code: string; message: string; free_until?: string } | null;
+  /** What extend/ would be told and let through: a budget past its cap whose action is warn. */
+  warnings: BookingWarning[];
+}
+
+/** A booking's or extension's warning (code budget_exceeded): made anyway, and told why. */
+export interface BookingWarning {
+  code: string;
+  message: string;
 }
 
 export interface Reservation {

@@ -13,6 +13,22 @@ export interface EfficiencyFigures {
   energy_wh_per_gpu_hour: number | null;
   credits: string;
   idle_credits: string;
+  /** Whether the held time has DCGM profiling readings (GPM, Hopper and newer): all of it, some, or none. */
+  profiling: Profiling;
+  profiled_gpu_hours: number;
+  /** Profiling readings, weighted by held time; null where not measured (never a zero). */
+  sm_active_percent: number | null;
+  tensor_active_percent: number | null;
+  dram_active_percent: number | null;
+}
+
+export type Profiling = "measured" | "partly measured" | "not measured";
+
+/** A profiling reading as a cell: "not measured" where the GPUs gave none (utilization only), and "(part)"
+ * where only some of the held time was measured. */
+export function formatProfiling(value: number | null, profiling: Profiling): string {
+  if (value == null || profiling === "not measured") return "not measured";
+  return `${value.toFixed(1)}%${profiling === "partly measured" ? " (part)" : ""}`;
 }
 
 export interface WastedReservation extends EfficiencyFigures {

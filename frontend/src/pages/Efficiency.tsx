@@ -12,6 +12,7 @@ import { formatCredits, formatPercent } from "../lib/format";
 import {
   compare,
   currentMonth,
+  formatProfiling,
   formatShare,
   type EfficiencyFigures,
   type EfficiencyRanking,
@@ -47,7 +48,9 @@ export function EfficiencyPage() {
       <Title order={1}>Efficiency</Title>
       <Text size="sm" c="dimmed">
         How well the GPUs a project held were used in a UTC month: utilization weighted by time, the credits spent on idle
-        GPUs, energy and what the facility's power cost, beside the previous month and the whole fleet.
+        GPUs, energy and what the facility's power cost, beside the previous month and the whole fleet. SM and tensor
+        activity are DCGM profiling readings, the evidence of work that utilization is not; GPUs without them say "not
+        measured".
       </Text>
       <Group align="flex-end">
         <ProjectPicker value={project} onChange={setProject} choices={choices} />
@@ -66,7 +69,7 @@ export function EfficiencyPage() {
                 The month's last hours are still being rolled up; its figures may still move.
               </Alert>
             )}
-            <SimpleGrid cols={{ base: 2, sm: 3, lg: 6 }} data-testid="efficiency-totals">
+            <SimpleGrid cols={{ base: 2, sm: 3, lg: 7 }} data-testid="efficiency-totals">
               <Stat label="Mean utilization" value={formatPercent(data.totals.util_mean_percent)}
                 note={compare(data.totals.util_mean_percent, data.previous.util_mean_percent, { higherIsBetter: true }) + " than last month"} />
               <Stat label="Idle share" value={formatShare(data.totals.idle_share)}
@@ -74,6 +77,9 @@ export function EfficiencyPage() {
               <Stat label="Credits on idle GPUs" value={`${formatCredits(data.totals.idle_credits)} of ${formatCredits(data.totals.credits)}`} />
               <Stat label={`GPU-hours under ${data.low_util_percent}%`} value={formatShare(data.totals.low_util_share)} />
               <Stat label="Energy per GPU-hour" value={data.totals.energy_wh_per_gpu_hour == null ? "–" : `${data.totals.energy_wh_per_gpu_hour.toFixed(0)} Wh`} />
+              <Stat label="SM active (profiling)" value={formatProfiling(data.totals.sm_active_percent, data.totals.profiling)}
+                note={data.totals.profiling === "not measured" ? "Utilization only: no GPM readings" :
+                  `Tensor pipes: ${formatProfiling(data.totals.tensor_active_percent, data.totals.profiling)}`} />
               <Stat label="Facility energy / cost" value={`${data.totals.facility_energy_kwh.toFixed(2)} kWh / ${data.totals.energy_cost} ${data.totals.energy_currency}`}
                 note={`GPUs: ${data.totals.energy_kwh.toFixed(2)} kWh`} />
             </SimpleGrid>
@@ -124,10 +130,11 @@ export function EfficiencyPage() {
 
 function FiguresTable({ rows, label }: { rows: { label: string; link?: string; figures: EfficiencyFigures }[]; label: string }) {
   return (
-    <ResponsiveTable minWidth={860} striped aria-label={label}>
+    <ResponsiveTable minWidth={1040} striped aria-label={label}>
       <Table.Thead>
         <Table.Tr>
-          <Table.Th>Name</Table.Th><Table.Th>Held GPU-h</Table.Th><Table.Th>Utilization</Table.Th><Table.Th>Idle</Table.Th>
+          <Table.Th>Name</Table.Th><Table.Th>Held GPU-h</Table.Th><Table.Th>Utilization</Table.Th>
+          <Table.Th>SM active (profiling)</Table.Th><Table.Th>Tensor active (profiling)</Table.Th><Table.Th>Idle</Table.Th>
           <Table.Th>Under the line</Table.Th><Table.Th>Credits</Table.Th><Table.Th>On idle</Table.Th><Table.Th>Facility kWh</Table.Th><Table.Th>Energy cost</Table.Th>
         </Table.Tr>
       </Table.Thead>
@@ -137,6 +144,12 @@ function FiguresTable({ rows, label }: { rows: { label: string; link?: string; f
             <Table.Td data-label="Name">{r.link ? <Anchor component={Link} to={r.link}>{r.label}</Anchor> : r.label}</Table.Td>
             <Table.Td data-label="Held GPU-h">{r.figures.held_gpu_hours.toFixed(2)}</Table.Td>
             <Table.Td data-label="Utilization">{formatPercent(r.figures.util_mean_percent)}</Table.Td>
+            <Table.Td data-label="SM active (profiling)" data-testid="efficiency-sm">
+              {formatProfiling(r.figures.sm_active_percent, r.figures.profiling)}
+            </Table.Td>
+            <Table.Td data-label="Tensor active (profiling)">
+              {formatProfiling(r.figures.tensor_active_percent, r.figures.profiling)}
+            </Table.Td>
             <Table.Td data-label="Idle">{formatShare(r.figures.idle_share)}</Table.Td>
             <Table.Td data-label="Under the line">{formatShare(r.figures.low_util_share)}</Table.Td>
             <Table.Td data-label="Credits">{formatCredits(r.figures.credits)}</Table.Td>

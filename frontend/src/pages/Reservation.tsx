@@ -623,6 +623,11 @@ function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
                 )}
               </Alert>
             )}
+            {q.warnings.map((w) => (
+              <Alert key={w.code} color="yellow" p="xs" data-testid="extend-warning">
+                <Text size="sm">{w.message}</Text>
+              </Alert>
+            ))}
           </Stack>
         )}
       </div>
