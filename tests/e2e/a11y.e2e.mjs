@@ -11,72 +11,13 @@
 // minutes) warns nothing else. It leaves the system as it found it: the policy's idle fields are put back,
 // the reservation released and the agent's server retired.
 
-import { BASE, apiSession, axeCheck, expect, operator, run, shot, signIn, signOut, sshPublicKey, step, tenant } from "./lib.mjs";
+import { BASE, apiSession, axeCheck, expect, fakeAgent, operator, run, shot, signIn, signOut, sshPublicKey, step, tenant } from "./lib.mjs";
 
 const POLL_MS = 3000; // the reservation page's polling interval
 const IDLE_HOST = `e2e-idle-${Date.now().toString(36)}`;
 const IDLE_GPU = `GPU-${IDLE_HOST}-0`;
 // The reclaimer judges whole minutes inside the allocation: the warning comes 5 to 7 minutes after the booking.
 const IDLE_TIMEOUT_MS = Number(process.env.IDLE_TIMEOUT_S ?? 600) * 1000;
-
-/** An agent that reports one MI250X at 0 % utilization and runs what it is told to, as the node agent's wire
- * format says (enroll with a join token, then heartbeats; no container runtime behind it). */
-async function idleAgent(token) {
-  const post = async (path, data, headers = {}) => {
-    let res;
-    for (let attempt = 1; ; attempt++) {
-      try {
-        res = await fetch(`${BASE}/api/v1/${path}`, {
-          method: "POST",
-          headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
-          body: JSON.stringify(data),
-        });
-        break;
-      } catch (e) {
-        // A dropped keep-alive connection (lib.mjs apiSession); an agent retries its heartbeat the same way.
-        if (attempt >= 4 || path === "agent/enroll") throw e;
-        await new Promise((r) => setTimeout(r, 300));
-      }
-    }
-    const text = await res.text();
-    if (!res.ok) throw new Error(`${path}: HTTP ${res.status} ${text}`);
-    return JSON.parse(text);
-  };
-  const { credential } = await post("agent/enroll", { schema_version: 1, join_token: token, hostname: IDLE_HOST, simulated: true });
-  const launches = new Map(); // launch id -> its container report
-  let seq = 0;
-  const beat = async () => {
-    const now = new Date().toISOString();
-    const reply = await post(
-      "agent/heartbeat",
-      {
-        schema_version: 1,
-        seq: ++seq,
-        sent_at: now,
-        node: { hostname: IDLE_HOST, agent_version: "e2e", backend: "simulated", simulated: true },
-        gpus: [{ uuid: IDLE_GPU, index: 0, name: "AMD Instinct MI250X", memory_total_mib: 65536, vendor: "amd" }],
-        samples: [{ uuid: IDLE_GPU, ts: now, fields: { DCGM_FI_DEV_GPU_UTIL: 0, DCGM_FI_DEV_GPU_TEMP: 40, DCGM_FI_DEV_POWER_USAGE: 90 } }],
-        containers: [...launches.values()],
-      },
-      { Authorization: `Bearer ${credential}` },
-    );
-    for (const d of reply.desired ?? []) {
-      if (!launches.has(d.launch_id)) {
-        launches.set(d.launch_id, {
-          launch_id: d.launch_id, reservation: d.reservation, container_id: `e2e-${d.launch_id}`.slice(0, 64),
-          state: "running", gpu_uuids: d.gpu_uuids, started_at: now,
-        });
-      }
-    }
-    for (const id of reply.stop ?? []) {
-      const launch = launches.get(id);
-      if (launch && launch.state === "running") Object.assign(launch, { state: "exited", finished_at: now, exit_code: 0 });
-    }
-  };
-  await beat(); // the first heartbeat makes the GPU known
-  const timer = setInterval(() => beat().catch((e) => console.log(`e2e | idle agent heartbeat failed: ${e}`)), 3000);
-  return { beat, stop: () => clearInterval(timer) };
-}
 
 /** The operator enrolls the idle agent, puts its server in service and gives the demo project an idle policy;
  * the tenant books the idle GPU for two hours. Returns what the banner step and the clean-up need. */
@@ -86,7 +27,13 @@ async function idleSetup() {
   const made = { ops, api, agent: null, serverId: null, reservation: null, policy: null };
   const token = await ops("POST", "join-tokens/", { note: `e2e ${IDLE_HOST}`, ttl_s: 600 });
   expect(token.status === 201, `a join token for the idle agent: ${token.status} ${JSON.stringify(token.data)}`);
-  made.agent = await idleAgent(token.data.token);
+  made.agent = await fakeAgent(token.data.token, {
+    hostname: IDLE_HOST,
+    gpu: { uuid: IDLE_GPU, index: 0, name: "AMD Instinct MI250X", memory_total_mib: 65536, vendor: "amd" },
+    fields: { DCGM_FI_DEV_GPU_UTIL: 0, DCGM_FI_DEV_GPU_TEMP: 40, DCGM_FI_DEV_POWER_USAGE: 90 },
+  });
+  await made.agent.beat(); // the first heartbeat makes the GPU known
+  made.agent.every(3000);
   const servers = await ops("GET", "servers/?limit=500");
   const server = servers.data.results.find((s) => s.hostname === IDLE_HOST);
   expect(server, `the idle agent's server is listed: ${IDLE_HOST}`);

@@ -108,6 +108,70 @@ export async function apiSession(who) {
   return call;
 }
 
+/** A node agent as its wire format says: enrolls with a join token as `hostname`, then each `beat(events)` is a
+ * heartbeat reporting one `gpu` ({uuid, index, name, memory_total_mib, vendor?}) with the sample `fields`, and
+ * the launches it was told to run as running (no container runtime behind it) until told to stop them.
+ * `every(ms)` keeps it beating, as a live agent does, until `stop()`. */
+export async function fakeAgent(token, { hostname, gpu, fields }) {
+  const post = async (path, data, headers = {}) => {
+    let res;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        res = await fetch(`${BASE}/api/v1/${path}`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
+          body: JSON.stringify(data),
+        });
+        break;
+      } catch (e) {
+        // A dropped keep-alive connection (see apiSession); an agent retries its heartbeat the same way.
+        if (attempt >= 4 || path === "agent/enroll") throw e;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+    }
+    const text = await res.text();
+    if (!res.ok) throw new Error(`${path}: HTTP ${res.status} ${text}`);
+    return JSON.parse(text);
+  };
+  const { credential } = await post("agent/enroll", { schema_version: 1, join_token: token, hostname, simulated: true });
+  const launches = new Map(); // launch id -> its container report
+  let seq = 0;
+  let timer = null;
+  const beat = async (events = []) => {
+    const now = new Date().toISOString();
+    const reply = await post(
+      "agent/heartbeat",
+      {
+        schema_version: 1,
+        seq: ++seq,
+        sent_at: now,
+        node: { hostname, agent_version: "e2e", backend: "simulated", simulated: true },
+        gpus: [gpu],
+        samples: [{ uuid: gpu.uuid, ts: now, fields }],
+        events,
+        containers: [...launches.values()],
+      },
+      { Authorization: `Bearer ${credential}` },
+    );
+    for (const d of reply.desired ?? []) {
+      if (!launches.has(d.launch_id)) {
+        launches.set(d.launch_id, {
+          launch_id: d.launch_id, reservation: d.reservation, container_id: `e2e-${d.launch_id}`.slice(0, 64),
+          state: "running", gpu_uuids: d.gpu_uuids, started_at: now,
+        });
+      }
+    }
+    for (const id of reply.stop ?? []) {
+      const launch = launches.get(id);
+      if (launch && launch.state === "running") Object.assign(launch, { state: "exited", finished_at: now, exit_code: 0 });
+    }
+  };
+  const every = (ms) => {
+    timer = setInterval(() => beat().catch((e) => console.log(`e2e | ${hostname} heartbeat failed: ${e}`)), ms);
+  };
+  return { beat, every, stop: () => clearInterval(timer) };
+}
+
 const axeResults = {};
 
 /**

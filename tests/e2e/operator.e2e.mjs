@@ -8,7 +8,7 @@
 // It leaves the demo system as it found it: the tenant's reservations are released, the drained server is back
 // to ready and the agent it enrolled is retired.
 
-import { BASE, DESKTOP, PHONE, apiSession as signedInSession, axeCheck, expect, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
+import { BASE, DESKTOP, PHONE, apiSession as signedInSession, axeCheck, expect, fakeAgent, operator, run, shot, signIn, signOut, step, tenant } from "./lib.mjs";
 
 const START_TIMEOUT_MS = Number(process.env.START_TIMEOUT_S ?? 150) * 1000;
 const FAULTY = `e2e-faulty-${Date.now().toString(36)}`;
@@ -25,49 +25,6 @@ async function apiSession(who) {
     return res.data;
   };
   return { call, dispose: async () => {} };
-}
-
-/** An agent as the node agent talks to the control plane: enroll with the join token, then heartbeats. */
-async function fakeAgent(token) {
-  const post = async (path, data, headers = {}) => {
-    let res;
-    for (let attempt = 1; ; attempt++) {
-      try {
-        res = await fetch(`${BASE}/api/v1/${path}`, {
-          method: "POST",
-          headers: { "Content-Type": "application/json", Accept: "application/json", ...headers },
-          body: JSON.stringify(data),
-        });
-        break;
-      } catch (e) {
-        // A dropped keep-alive connection (see apiSession); an agent retries its heartbeat the same way.
-        if (attempt >= 4 || path === "agent/enroll") throw e;
-        await new Promise((r) => setTimeout(r, 300));
-      }
-    }
-    const text = await res.text();
-    if (!res.ok) throw new Error(`${path}: HTTP ${res.status} ${text}`);
-    return JSON.parse(text);
-  };
-  const { credential } = await post("agent/enroll", { schema_version: 1, join_token: token, hostname: FAULTY, simulated: true });
-  let seq = 0;
-  const beat = async (events = []) => {
-    const now = new Date().toISOString();
-    await post(
-      "agent/heartbeat",
-      {
-        schema_version: 1,
-        seq: ++seq,
-        sent_at: now,
-        node: { hostname: FAULTY, agent_version: "e2e", backend: "simulated", simulated: true },
-        gpus: [{ uuid: FAULTY_GPU, index: 0, name: "NVIDIA H100 80GB HBM3", memory_total_mib: 81559 }],
-        samples: [{ uuid: FAULTY_GPU, ts: now, fields: { DCGM_FI_DEV_GPU_UTIL: 0, DCGM_FI_DEV_GPU_TEMP: HOT_C } }],
-        events,
-      },
-      { Authorization: `Bearer ${credential}` },
-    );
-  };
-  return { beat, dispose: async () => {} };
 }
 
 async function waitForState(api, id, wanted, timeoutMs = START_TIMEOUT_MS) {
@@ -149,7 +106,6 @@ run(
     const tenantApi = await apiSession(tenant);
     const opApi = await apiSession(operator);
     let agent = null;
-    let beating = null;
     const booked = [];
     let drained = null;
     try {
@@ -185,11 +141,15 @@ run(
 
       step("an agent enrolled with that command reports XID 79 and a GPU at 96 °C");
       const token = command.split("--join-token ")[1];
-      agent = await fakeAgent(token);
+      agent = await fakeAgent(token, {
+        hostname: FAULTY,
+        gpu: { uuid: FAULTY_GPU, index: 0, name: "NVIDIA H100 80GB HBM3", memory_total_mib: 81559 },
+        fields: { DCGM_FI_DEV_GPU_UTIL: 0, DCGM_FI_DEV_GPU_TEMP: HOT_C },
+      });
       await agent.beat(); // the first heartbeat makes the GPU known; the XID comes in the next
       await agent.beat([{ kind: "xid", ts: new Date().toISOString(), uuid: FAULTY_GPU, xid: 79 }]);
       // Keep it reporting (without the XID again), as a live agent does, so it stays out of "offline".
-      beating = setInterval(() => agent.beat().catch((e) => console.log(`e2e | heartbeat failed: ${e}`)), 3000);
+      agent.every(3000);
 
       // --- fleet health -------------------------------------------------------------------------------
       step("fleet: the XID is explained in a line and the temperature value is shown");
@@ -446,7 +406,7 @@ run(
       await axeCheck(page, "usage-tenant");
       await shot(page, "op-07-usage-tenant");
     } finally {
-      if (beating) clearInterval(beating);
+      agent?.stop();
       await page.setViewportSize(DESKTOP).catch(() => {});
       const phoneTokens = (await opApi.call("GET", "join-tokens/?limit=200").catch(() => ({ results: [] }))).results;
       for (const t of phoneTokens.filter((x) => x.note === PHONE_NOTE && x.status === "active")) {
@@ -461,7 +421,6 @@ run(
       if (faulty && faulty.state !== "retired") {
         await opApi.call("POST", `servers/${faulty.id}/state/`, { state: "retired", reason: "e2e: test agent done" }).catch((e) => console.log(`e2e | retire: ${e}`));
       }
-      await agent?.dispose();
       await tenantApi.dispose();
       await opApi.dispose();
     }
