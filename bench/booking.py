@@ -101,7 +101,7 @@ def fill_allocations(project_id: int, model_name: str, gpu_ids: list[int], total
     (1 to 12 hours each), each with its reservation, with COPY."""
     from django.db import transaction
 
-    from controlplane.inventory.models import GpuModel
+    from controlplane.inventory.models import Gpu, GpuModel
     from controlplane.reservations.choices import ReservationState
     from controlplane.reservations.models import Allocation, Reservation
 
@@ -118,6 +118,7 @@ def fill_allocations(project_id: int, model_name: str, gpu_ids: list[int], total
         for j in range(k):
             start = now + timedelta(minutes=j * stride + rng.randint(0, max(0, stride - 12 * 60)))
             spans.append((gpu_id, start, start + timedelta(minutes=rng.randint(60, min(12 * 60, stride)))))
+    servers = dict(Gpu.objects.filter(model=model).values_list("pk", "server_id"))
     with transaction.atomic():
         reservations = [
             Reservation(
@@ -136,7 +137,7 @@ def fill_allocations(project_id: int, model_name: str, gpu_ids: list[int], total
         copy_in(
             Allocation,
             [
-                Allocation(reservation_id=r, gpu_id=g, starts_at=a, ends_at=b)
+                Allocation(reservation_id=r, gpu_id=g, server_id=servers[g], starts_at=a, ends_at=b)
                 for r, (g, a, b) in zip(reservation_ids, spans, strict=True)
             ],
         )

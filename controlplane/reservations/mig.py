@@ -198,6 +198,7 @@ def place_and_allocate(
             Allocation(
                 reservation=reservation,
                 gpu=parents[d.gpu_id],
+                server_id=parents[d.gpu_id].server_id,
                 mig_device=d,
                 slice_start=_span(d)[0],
                 slice_end=_span(d)[1],

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Project
 from controlplane.core.models import StateChangeEvent
-from controlplane.inventory.models import Gpu, GpuModel, MigDevice
+from controlplane.inventory.models import Gpu, GpuModel, MigDevice, Server
 from controlplane.reservations.choices import NetworkMode, ReservationState
 
 
@@ -125,6 +125,12 @@ class Allocation(models.Model):
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    # Always the GPU's server, kept by the database (migration 0007), so the busy GPUs of a window can be
+    # counted per server from the allocations alone: the booking writes it from the GPU row it locks, and a
+    # GPU that moves servers (a card put in another machine keeps its row) carries its allocations' along.
+    # On PostgreSQL a foreign key (gpu_id, server_id) -> the GPU's (id, server_id) with ON UPDATE CASCADE;
+    # on SQLite triggers do both. That key stands for the plain one to the server, hence no constraint here.
+    server = models.ForeignKey(Server, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
     # PROTECT: reconfiguration refuses a GPU with any booking now or later, so a booked device is never
     # deleted under its allocation; a past allocation is released (inactive) and keeps it.
     mig_device = models.ForeignKey(

@@ -178,36 +178,48 @@ def candidate_servers(spec: GpuSpec, window: Window, *, shortlist: int | None = 
     return _build(spec, window, _shortlist(spec, _server_counts(spec, window), shortlist))
 
 
-# Over allocations ``a`` joined to their GPU: the active ones that meet the window, through the GiST index on
-# their periods (migration 0004).
+# Over the active allocations that meet the window, through the GiST index on their periods, which holds
+# their server and GPU ids (migrations 0004, 0007): the busy GPUs per server, read from that index alone.
 _SUMMARY_SQL = f"""
     WITH busy AS (
-        SELECT g.server_id, COUNT(*) AS n
-        FROM (
-            SELECT DISTINCT a.gpu_id FROM {_ALLOCATION} a
-            WHERE a.active AND tstzrange(a.starts_at, a.ends_at, '[)') && tstzrange(%s, %s, '[)')
-        ) a
-        -- One primary-key read per busy GPU (OFFSET 0 keeps the planner from scanning every GPU instead).
-        CROSS JOIN LATERAL (
-            SELECT {_G}.server_id FROM {_G} WHERE {_G}.id = a.gpu_id AND {_G}.present AND {{match}} OFFSET 0
-        ) g
-        GROUP BY g.server_id
+        SELECT a.server_id, COUNT(DISTINCT a.gpu_id) AS n
+        FROM {_ALLOCATION} a
+        WHERE a.active AND tstzrange(a.starts_at, a.ends_at, '[)') && tstzrange(%s, %s, '[)')
+        GROUP BY a.server_id
+    ),
+    held AS (
+        -- Every summary row of each busy server: its GPU rows of any model and state (gpus), and the
+        -- present, healthy ones of the spec's model (healthy, null unless the server is ready and has some).
+        SELECT b.server_id, b.n, MAX(c.hostname) AS hostname, SUM(c.gpus) AS gpus,
+               MAX(c.healthy) FILTER (WHERE c.model_id = %s AND c.ready) AS healthy
+        FROM busy b INNER JOIN reservations_server_capacity c ON c.server_id = b.server_id
+        GROUP BY b.server_id, b.n
+    ),
+    counted AS (
+        SELECT h.server_id, h.hostname, h.healthy, h.healthy - CASE
+            -- Every GPU on the server is present, healthy and of the model: each busy one matches.
+            WHEN h.gpus = h.healthy THEN h.n
+            -- Otherwise its matching GPUs are read, and those that are busy counted.
+            ELSE (SELECT COUNT(*) FROM {_G} WHERE {_G}.server_id = h.server_id AND {_G}.present AND {{match}}
+                  AND EXISTS (SELECT 1 FROM {_ALLOCATION} a WHERE a.gpu_id = {_G}.id AND a.active
+                              AND a.starts_at < %s AND a.ends_at > %s))
+        END AS free
+        FROM held h WHERE h.healthy IS NOT NULL
     ),
     fit AS (
-        SELECT c.server_id, c.hostname, c.healthy, c.healthy - b.n AS free
-        FROM busy b
-        INNER JOIN reservations_server_capacity c ON c.server_id = b.server_id AND c.model_id = %s AND c.ready
-        WHERE c.healthy - b.n >= %s
+        SELECT server_id, hostname, healthy, free FROM counted WHERE free >= %s
         UNION ALL
         (SELECT c.server_id, c.hostname, c.healthy, c.healthy FROM reservations_server_capacity c
-         WHERE c.ready AND c.model_id = %s AND c.healthy >= %s AND c.server_id NOT IN (SELECT server_id FROM busy)
+         WHERE c.ready AND c.model_id = %s AND c.healthy >= %s
+           AND c.server_id NOT IN (SELECT server_id FROM busy)
          ORDER BY c.healthy, c.hostname LIMIT %s)
     )
     -- The hostnames compare as Python compares them (the column's collation is "C").
     (SELECT server_id, hostname, healthy, free, NULL::integer FROM fit ORDER BY free, hostname LIMIT %s)
     UNION ALL
     -- Last: the most matching GPUs on one server, to tell whether the count fits one at all.
-    SELECT NULL, NULL, NULL, NULL, MAX(healthy) FROM reservations_server_capacity WHERE ready AND model_id = %s
+    SELECT NULL, NULL, NULL, NULL, MAX(healthy) FROM reservations_server_capacity
+    WHERE ready AND model_id = %s
 """  # noqa: S608 - names from metadata and the compiled predicate; values are parameters
 
 
@@ -218,7 +230,10 @@ def _fitting_from_summary(spec: GpuSpec, window: Window, limit: int) -> list[_Se
     A server holding no allocation in the window has all its matching GPUs free, which the summary of
     capacity per server and model counts (migration 0004); so the best-fitting of those are the first few
     in the summary's (count, hostname) order, and only the servers with an allocation in the window, found
-    from the allocations' side, have their free GPUs counted. The shortlist's order, (free - count,
+    from the allocations' side, have their free GPUs counted. Each allocation names its GPU's server
+    (migration 0007), so those are counted per server from the allocations alone where the summary shows
+    every GPU row of the server present, healthy and of the model (then each busy GPU matches); a server
+    with any other GPU has its matching GPUs read instead. The shortlist's order, (free - count,
     hostname), then picks from both exactly as it would from every server."""
     if connection.vendor != "postgresql" or spec.gpu_model_id is None or spec.whole_servers is not None:
         return None
@@ -226,7 +241,7 @@ def _fitting_from_summary(spec: GpuSpec, window: Window, limit: int) -> list[_Se
     match, match_params = _match_sql(spec)
     start, end = _window_params(window)[::-1]
     model = spec.gpu_model_id
-    params = [start, end, *match_params, model, count, model, count, limit, limit, model]
+    params = [start, end, model, *match_params, end, start, count, model, count, limit, limit, model]
     with connection.cursor() as cursor:
         cursor.execute(_SUMMARY_SQL.format(match=match), params)
         found = cursor.fetchall()

@@ -206,7 +206,13 @@ def _place_and_allocate(
             continue
         gpus: list[Gpu] = [locked[gid] for gid in sorted(locked)]
         allocations = [
-            Allocation(reservation=reservation, gpu=gpu, starts_at=window.starts_at, ends_at=window.ends_at)
+            Allocation(
+                reservation=reservation,
+                gpu=gpu,
+                server_id=gpu.server_id,
+                starts_at=window.starts_at,
+                ends_at=window.ends_at,
+            )
             for gpu in gpus
         ]
         try:

@@ -93,7 +93,9 @@ def hold(gpu: Gpu, start: datetime, end: datetime, *, proj: Project | None = Non
         image="x",
         state=ReservationState.SCHEDULED,
     )
-    return Allocation.objects.create(reservation=r, gpu=gpu, starts_at=start, ends_at=end, active=active)
+    return Allocation.objects.create(
+        reservation=r, gpu=gpu, server_id=gpu.server_id, starts_at=start, ends_at=end, active=active
+    )
 
 
 def window(start_in: timedelta = timedelta(hours=1), hours: float = 2, *, now: datetime | None = None) -> Window:

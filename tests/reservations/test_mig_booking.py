@@ -195,7 +195,13 @@ def test_bad_slice_specs_are_refused_naming_the_field(fields: dict[str, Any], fi
 def _alloc(r: Reservation, gpu: Gpu, span: tuple[int, int], w: Window) -> None:
     with transaction.atomic():
         Allocation.objects.create(
-            reservation=r, gpu=gpu, slice_start=span[0], slice_end=span[1], starts_at=w.starts_at, ends_at=w.ends_at
+            reservation=r,
+            gpu=gpu,
+            server_id=gpu.server_id,
+            slice_start=span[0],
+            slice_end=span[1],
+            starts_at=w.starts_at,
+            ends_at=w.ends_at,
         )
 
 

@@ -170,11 +170,14 @@ def test_the_exclusion_constraint_refuses_an_overlap_that_skips_the_service():
         Allocation.objects.create(
             reservation=other,
             gpu=gpu,
+            server_id=gpu.server_id,
             starts_at=r.starts_at + timedelta(hours=1),
             ends_at=r.ends_at + timedelta(hours=1),
         )
     # Back to back is fine, and so is an overlap with an inactive allocation.
-    Allocation.objects.create(reservation=other, gpu=gpu, starts_at=r.ends_at, ends_at=r.ends_at + timedelta(hours=1))
+    Allocation.objects.create(
+        reservation=other, gpu=gpu, server_id=gpu.server_id, starts_at=r.ends_at, ends_at=r.ends_at + timedelta(hours=1)
+    )
     Allocation.objects.filter(reservation=r).update(active=False)
     Allocation.objects.filter(reservation=other).update(starts_at=r.starts_at)
 
@@ -212,7 +215,11 @@ def _deadlocked_booking(book: Callable[[], Any], *, gpus: list[Any], window_: Wi
                 )  # fmt: skip
                 for gpu in reversed(gpus):
                     Allocation.objects.create(
-                        reservation=other, gpu=gpu, starts_at=window_.starts_at, ends_at=window_.ends_at
+                        reservation=other,
+                        gpu=gpu,
+                        server_id=gpu.server_id,
+                        starts_at=window_.starts_at,
+                        ends_at=window_.ends_at,
                     )
                     if not writer_holds.is_set():
                         writer_holds.set()

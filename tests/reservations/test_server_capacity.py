@@ -8,11 +8,12 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
+from controlplane.reservations.models import Allocation
 from controlplane.reservations.selectors import (
     SHORTLIST,
     _build,
@@ -27,20 +28,26 @@ from tests.reservations.fleet import gpu_model, hold, project, server
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
 
-def summary() -> dict[tuple[int, int], tuple[str, bool, int]]:
+def summary() -> dict[tuple[int, int], tuple[str, bool, int, int]]:
+    """Per server and model: hostname, ready, present and healthy GPUs, and GPU rows of any state."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT server_id, model_id, hostname, ready, healthy FROM reservations_server_capacity")
-        return {(s, m): (h, r, n) for s, m, h, r, n in cursor.fetchall() if n}
+        cursor.execute("SELECT server_id, model_id, hostname, ready, healthy, gpus FROM reservations_server_capacity")
+        return {(s, m): (h, r, n, g) for s, m, h, r, n, g in cursor.fetchall() if g}
 
 
-def counted() -> dict[tuple[int, int], tuple[str, bool, int]]:
+def counted() -> dict[tuple[int, int], tuple[str, bool, int, int]]:
     rows = (
-        Gpu.objects.filter(present=True, health=GpuHealth.HEALTHY)
-        .values("server_id", "model_id", "server__hostname", "server__state")
-        .annotate(n=Count("id"))
+        Gpu.objects.values("server_id", "model_id", "server__hostname", "server__state")
+        .annotate(n=Count("id", filter=Q(present=True, health=GpuHealth.HEALTHY)), g=Count("id"))
+        .order_by()
     )
     return {
-        (r["server_id"], r["model_id"]): (r["server__hostname"], r["server__state"] == ServerState.READY, r["n"])
+        (r["server_id"], r["model_id"]): (
+            r["server__hostname"],
+            r["server__state"] == ServerState.READY,
+            r["n"],
+            r["g"],
+        )
         for r in rows
     }
 
@@ -85,9 +92,9 @@ def test_many_gpus_changed_in_one_statement_are_counted_once_each() -> None:
     model = gpu_model()
     srv = server(model, gpus=8)
     Gpu.objects.filter(server=srv, index__lt=5).update(health=GpuHealth.UNHEALTHY)
-    assert summary()[(srv.pk, model.pk)][2] == 3
+    assert summary()[(srv.pk, model.pk)][2:] == (3, 8)
     Gpu.objects.filter(server=srv).update(health=GpuHealth.HEALTHY)
-    assert summary()[(srv.pk, model.pk)][2] == 8
+    assert summary()[(srv.pk, model.pk)][2:] == (8, 8)
 
 
 @pytest.mark.django_db(transaction=True)  # TRUNCATE, as the test database's flush does, outside a transaction
@@ -116,6 +123,12 @@ def test_the_summary_read_shortlists_what_the_read_over_every_gpu_does(seed: int
         if rng.random() < 0.5:
             start = now + timedelta(hours=rng.randint(-2, 6))
             hold(gpu, start, start + timedelta(hours=rng.choice([1, 2, 3])), proj=proj, active=rng.random() > 0.1)
+    # Cards moved to other servers with their bookings, some of them into servers of the other model: the
+    # allocations follow their GPU, and a server of mixed models is counted from its GPUs.
+    servers = list(Server.objects.all())
+    for n, gpu in enumerate(Gpu.objects.order_by("?")[:6]):
+        Gpu.objects.filter(pk=gpu.pk).update(server=rng.choice(servers), index=100 + n)
+    assert not Allocation.objects.exclude(server_id=F("gpu__server_id")).exists()
     for count in (1, 2, 3, 4, 6, 8, 9):
         spec = GpuSpec(gpu_model_id=model.pk, gpu_count=count)
         for offset, hours in ((0, 1), (1, 2), (3, 1), (-1, 8)):

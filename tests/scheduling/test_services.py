@@ -348,4 +348,10 @@ def test_a_started_request_is_backed_by_the_exclusion_constraint(h100):
         state=ReservationState.SCHEDULED,
     )
     with pytest.raises(IntegrityError), transaction.atomic():
-        Allocation.objects.create(reservation=other, gpu=alloc.gpu, starts_at=alloc.starts_at, ends_at=alloc.ends_at)
+        Allocation.objects.create(
+            reservation=other,
+            gpu=alloc.gpu,
+            server_id=alloc.server_id,
+            starts_at=alloc.starts_at,
+            ends_at=alloc.ends_at,
+        )
