@@ -217,9 +217,8 @@ def container_from(data: dict[str, Any]) -> ContainerSpec:
     )
 
 
+# What a booking and a queued request (scheduling/api) both start with: the project and a name.
 class ProjectWorkSerializer(serializers.Serializer):
-    """What a booking and a queued request (scheduling/api) both start with: the project and a name."""
-
     project = SlugRelatedField(
         slug_field="slug",
         queryset=Project.objects.none(),
@@ -234,10 +233,10 @@ class ProjectWorkSerializer(serializers.Serializer):
             self.fields["project"].queryset = projects  # type: ignore[attr-defined]
 
 
+# The one definition of a valid booking request: every rule and every error's wording is here, in the
+# serializers and fields it holds. POST /reservations reads each body with ``read_booking`` (below). No
+# docstring: it would become the schema's description of the request.
 class ReservationCreateSerializer(ProjectWorkSerializer):
-    """The one definition of a valid booking request: every rule and every error's wording is here (and in
-    the serializers and fields it holds). POST /reservations reads each body with ``read_booking``."""
-
     spec = BookingSpecSerializer()
     window = WindowSerializer()
     container = ContainerSerializer()

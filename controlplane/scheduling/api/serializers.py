@@ -23,10 +23,9 @@ from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedR
 from controlplane.scheduling.order import Entry, ordered_queue
 
 
+# A queued request: a booking's project, name, spec and container, read by the booking's own serializers
+# (reservations/api/serializers.py), with a duration instead of a window.
 class QueuedRequestCreateSerializer(ProjectWorkSerializer):
-    """A queued request: the booking's project, name, spec and container, read by the booking's own
-    serializers (reservations/api/serializers.py), with a duration instead of a window."""
-
     spec = SpecSerializer()
     container = ContainerSerializer()
     duration = DurationField(
