@@ -252,7 +252,7 @@ class ReservationCreateSerializer(ProjectWorkSerializer):
         }
 
     def prepare(
-        self, data: Any, *, projects: QuerySet[Project], project: Project | None, gpu_model: GpuModel | None
+        self, data: Any, *, projects: QuerySet[Project] | None, project: Project | None, gpu_model: GpuModel | None
     ) -> None:
         """Makes this serializer read ``data`` afresh: what is kept from an earlier read is dropped (DRF keeps
         its results in these three attributes) and every value one request gives is set anew."""
@@ -260,7 +260,7 @@ class ReservationCreateSerializer(ProjectWorkSerializer):
         for cached in ("_validated_data", "_errors", "_data"):
             self.__dict__.pop(cached, None)
         fields = self.fields
-        fields["project"].queryset = projects  # type: ignore[attr-defined]
+        fields["project"].queryset = _NO_PROJECTS if projects is None else projects  # type: ignore[attr-defined]
         fields["project"].known = {} if project is None else {project.slug: project}  # type: ignore[attr-defined]
         spec = fields["spec"].fields  # type: ignore[attr-defined]
         spec["gpu_model"].known = {} if gpu_model is None else {gpu_model.name: gpu_model}
@@ -268,20 +268,22 @@ class ReservationCreateSerializer(ProjectWorkSerializer):
 
 # Each thread's booking serializer, built once (see read_booking).
 _prepared = threading.local()
+_NO_PROJECTS = Project.objects.none()
 
 
 def read_booking(
     data: Any,
     *,
-    projects: QuerySet[Project],
+    projects: QuerySet[Project] | None = None,
     project: Project | None = None,
     gpu_model: GpuModel | None = None,
 ) -> dict[str, Any]:
     """A booking request read by ReservationCreateSerializer, as ``services.reservation_create``'s keyword
     arguments (``actor`` aside); its ValidationError otherwise, with every field name and wording.
 
-    ``projects``: those the caller may book in; ``project`` and ``gpu_model``: what the view has already
-    read for the slug and the model name the body gives, so that they are not read again.
+    ``project`` and ``gpu_model``: what the view has already read for the slug and the model name the body
+    gives, so that they are not read again; ``projects``: those the caller may book in, for a slug not
+    already read (without them, such a slug "does not exist").
 
     POST /reservations runs for every booking an automation makes, and a serializer's fields are deep copies
     of the declared ones, made anew for each instance and each nested serializer: building them cost more

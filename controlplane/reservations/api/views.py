@@ -104,12 +104,10 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             if not (is_operator(request.user) or target.role in BOOKING_ROLES):
                 raise PermissionDenied("Booking needs the owner or member role in the project.")
         # The one reading of a booking (ReservationCreateSerializer), given what that read found.
-        args = read_booking(
-            data,
-            projects=projects_visible_to(request.user),
-            project=None if target is None else target.project,
-            gpu_model=None if target is None else target.gpu_model,
-        )
+        if target is None:
+            args = read_booking(data, projects=projects_visible_to(request.user))
+        else:
+            args = read_booking(data, project=target.project, gpu_model=target.gpu_model)
         reservation = services.reservation_create(actor=request.user, **args)
         # The service hands back the reservation with its allocations and events: no need to read it again.
         return Response(reservation_detail(reservation), status=status.HTTP_201_CREATED)
