@@ -344,11 +344,11 @@ def timeline(*, gpus: QuerySet[Gpu], starts_at: datetime, ends_at: datetime) -> 
 class BookingTarget:
     project: Project
     role: str | None  # the caller's role in the project; None for an operator who is not a member
-    gpu_model_id: int | None  # the named GPU model's id; None when none was named or it does not exist
+    gpu_model: GpuModel | None  # the GPU model of that exact name (id and name); None when none was named or found
 
 
 def booking_target(user: Any, *, slug: str, gpu_model: str | None) -> BookingTarget | None:
-    """The project a booking names, as the caller sees it, with the caller's role and the GPU model's id:
+    """The project a booking names, as the caller sees it, with the caller's role and the GPU model named:
     one read for what the booking's request needs before it is placed. None when the caller cannot see
     the project (not a member, and not an operator) or it does not exist."""
     sql = (
@@ -366,4 +366,5 @@ def booking_target(user: Any, *, slug: str, gpu_model: str | None) -> BookingTar
     if role is None and not is_operator(user):
         return None
     project = rows.loaded(Project, {"id": pk, "name": name, "slug": found_slug})
-    return BookingTarget(project, role, model_id)
+    model = None if model_id is None else rows.loaded(GpuModel, {"id": model_id, "name": gpu_model})
+    return BookingTarget(project, role, model)

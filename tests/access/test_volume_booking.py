@@ -73,7 +73,7 @@ def test_a_volume_defaults_to_workspace_and_may_be_read_only(w):
     assert res.json()["volumes"] == [{"kind": "volume", "name": "data", "path": "/workspace", "read_only": True}]
 
 
-def test_the_hot_path_answer_equals_the_detail_serializer_with_mounts(w):
+def test_the_booking_answer_equals_the_detail_serializer_with_mounts(w):
     project_network_set(project=w.project, network_name="atlas-egress", actor=w.operator)
     created = w.book(volume(), MountRequest(kind="dataset", name="imagenet", path="/data/in"), network="egress")
     stored = Reservation.objects.get(pk=created.pk)

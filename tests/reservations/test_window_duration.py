@@ -9,7 +9,6 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.reservations.api.fields import parse_duration
-from controlplane.reservations.api.serializers import booking_args
 from controlplane.reservations.models import Reservation
 from tests.factories import ApiTokenFactory
 from tests.reservations.fleet import gpu_model, project, server
@@ -122,13 +121,6 @@ def test_start_end_and_duration_name_both_conflicting_fields(owner_token):
     data["window"]["duration"] = "10m"
     fields = bearer(token).post(URL, data, format="json").json()["error"]["fields"]
     assert set(fields) == {"window.end", "window.duration"}
-
-
-def test_the_hot_path_leaves_a_duration_to_the_serializer(owner_token):
-    _, proj = owner_token
-    data = body(proj)
-    data["window"]["duration"] = "10m"  # with end too: only the serializer may judge that
-    assert booking_args(data, project=proj, gpu_model_id=gpu_model().pk) is None
 
 
 def test_a_retry_of_start_now_with_a_duration_replays_the_first_booking(owner_token):

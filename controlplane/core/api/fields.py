@@ -18,6 +18,7 @@ class SlugRelatedField(serializers.SlugRelatedField):  # type: ignore[type-arg]
 
     A value that could never match (a number, a list, 3 MB of text) is refused before the query, with the
     same messages a CharField gives; the maximum is the slug column's own ``max_length``, so it is written once.
+    ``known`` holds objects the view has already read, by slug, so that they are not read twice.
     """
 
     default_error_messages = {
@@ -25,6 +26,10 @@ class SlugRelatedField(serializers.SlugRelatedField):  # type: ignore[type-arg]
         "not_a_string": "Not a valid string.",
         "max_length": "Ensure this field has no more than {max_length} characters.",
     }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.known: dict[str, Any] = {}
 
     def max_length(self) -> int | None:
         queryset = self.get_queryset()
@@ -37,6 +42,8 @@ class SlugRelatedField(serializers.SlugRelatedField):  # type: ignore[type-arg]
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, str):
             self.fail("not_a_string")
+        if data in self.known:
+            return self.known[data]
         limit = self.max_length()
         if limit is not None and len(data) > limit:
             self.fail("max_length", max_length=limit)

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-import re
+import threading
 from datetime import datetime
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
@@ -11,9 +12,9 @@ from rest_framework import serializers
 
 from controlplane.accounts.models import Project
 from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField, StrictBooleanField
+from controlplane.inventory.models import GpuModel
 from controlplane.reservations import hooks
 from controlplane.reservations.api.fields import (
-    ENV_NAME,
     DurationField,
     EnvField,
     GpuModelField,
@@ -26,9 +27,9 @@ from controlplane.reservations.models import Allocation, Reservation, Reservatio
 from controlplane.reservations.specs import MIG_PROFILE_RE, START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
 from nodeagent.schema import MAX_VOLUMES
 
-# Bounds of a booking request, shared by the serializers and the hot path (booking_args) below. The
-# container's are the agent's own (nodeagent/schema.py, DesiredContainer): a booking the agent would refuse
-# to run is refused here, at booking.
+# Bounds of a booking request and of a queued one (scheduling/api), read by the serializers below and only
+# there. The container's are the agent's own (nodeagent/schema.py, DesiredContainer): a booking the agent
+# would refuse to run is refused here, at booking.
 _NAME_MAX = 120
 _IMAGE_MAX = 512
 _COMMAND_MAX = 256
@@ -105,8 +106,7 @@ def spec_from(data: dict[str, Any]) -> GpuSpec:
     )
 
 
-# The one definition of a valid window in a booking request; the hot path below leaves any window with a
-# ``duration`` to it.
+# The one definition of a valid window in a booking request.
 class WindowSerializer(serializers.Serializer):
     """When: `start`, and either `end` or `duration` (not both)."""
 
@@ -207,35 +207,39 @@ class ContainerSerializer(serializers.Serializer):
     )
 
 
-class ProjectSlugField(SlugRelatedField):
-    """A project by slug; ``known`` holds projects the view has already read, so they are not read twice."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.known: dict[str, Project] = {}
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, str) and data in self.known:
-            return self.known[data]
-        return super().to_internal_value(data)
+def container_from(data: dict[str, Any]) -> ContainerSpec:
+    return ContainerSpec(
+        image=data["image"],
+        command=data["command"],
+        env=data["env"],
+        volumes=[mount_from(m) for m in data["volumes"]],
+        network=data["network"],
+    )
 
 
-class ReservationCreateSerializer(serializers.Serializer):
-    project = ProjectSlugField(
+# What a booking and a queued request (scheduling/api) both start with: the project and a name.
+class ProjectWorkSerializer(serializers.Serializer):
+    project = SlugRelatedField(
         slug_field="slug",
         queryset=Project.objects.none(),
         help_text="The project's slug; you must be its owner or a member.",
     )
     name = serializers.CharField(max_length=_NAME_MAX)
-    spec = BookingSpecSerializer()
-    window = WindowSerializer()
-    container = ContainerSerializer()
 
     def __init__(self, *args: Any, projects: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if projects is not None:
             # Only projects the caller can see: another tenant's slug reads as "does not exist".
             self.fields["project"].queryset = projects  # type: ignore[attr-defined]
+
+
+# The one definition of a valid booking request: every rule and every error's wording is here, in the
+# serializers and fields it holds. POST /reservations reads each body with ``read_booking`` (below). No
+# docstring: it would become the schema's description of the request.
+class ReservationCreateSerializer(ProjectWorkSerializer):
+    spec = BookingSpecSerializer()
+    window = WindowSerializer()
+    container = ContainerSerializer()
 
     def to_domain(self) -> dict[str, Any]:
         data = self.validated_data
@@ -244,14 +248,55 @@ class ReservationCreateSerializer(serializers.Serializer):
             "name": data["name"],
             "spec": spec_from(data["spec"]),
             "window": Window(data["window"]["start"], data["window"]["end"]),
-            "container": ContainerSpec(
-                image=data["container"]["image"],
-                command=data["container"]["command"],
-                env=data["container"]["env"],
-                volumes=[mount_from(m) for m in data["container"]["volumes"]],
-                network=data["container"]["network"],
-            ),
+            "container": container_from(data["container"]),
         }
+
+    def prepare(
+        self, data: Any, *, projects: QuerySet[Project] | None, project: Project | None, gpu_model: GpuModel | None
+    ) -> None:
+        """Makes this serializer read ``data`` afresh: what is kept from an earlier read is dropped (DRF keeps
+        its results in these three attributes) and every value one request gives is set anew."""
+        self.initial_data = data
+        for cached in ("_validated_data", "_errors", "_data"):
+            self.__dict__.pop(cached, None)
+        fields = self.fields
+        fields["project"].queryset = _NO_PROJECTS if projects is None else projects  # type: ignore[attr-defined]
+        fields["project"].known = {} if project is None else {project.slug: project}  # type: ignore[attr-defined]
+        spec = fields["spec"].fields  # type: ignore[attr-defined]
+        spec["gpu_model"].known = {} if gpu_model is None else {gpu_model.name: gpu_model}
+
+
+# Each thread's booking serializer, built once (see read_booking).
+_prepared = threading.local()
+_NO_PROJECTS = Project.objects.none()
+
+
+def read_booking(
+    data: Any,
+    *,
+    projects: QuerySet[Project] | None = None,
+    project: Project | None = None,
+    gpu_model: GpuModel | None = None,
+) -> dict[str, Any]:
+    """A booking request read by ReservationCreateSerializer, as ``services.reservation_create``'s keyword
+    arguments (``actor`` aside); its ValidationError otherwise, with every field name and wording.
+
+    ``project`` and ``gpu_model``: what the view has already read for the slug and the model name the body
+    gives, so that they are not read again; ``projects``: those the caller may book in, for a slug not
+    already read (without them, such a slug "does not exist").
+
+    POST /reservations runs for every booking an automation makes, and a serializer's fields are deep copies
+    of the declared ones, made anew for each instance and each nested serializer: building them cost more
+    than reading the request, and more than the booking's own SQL. So each thread builds one
+    ReservationCreateSerializer, once, and reads every booking with it; ``prepare`` sets all that one request
+    gives on every call, so nothing of one request is left for the next.
+    """
+    serializer: ReservationCreateSerializer | None = getattr(_prepared, "booking", None)
+    if serializer is None:
+        serializer = _prepared.booking = ReservationCreateSerializer()
+    serializer.prepare(data, projects=projects, project=project, gpu_model=gpu_model)
+    serializer.is_valid(raise_exception=True)
+    return serializer.to_domain()
 
 
 class ReservationReasonSerializer(serializers.Serializer):
@@ -488,120 +533,11 @@ class ReservationDetailSerializer(ReservationSerializer):
         return list(getattr(reservation, "warnings", []))
 
 
-# --- The booking's hot path ---------------------------------------------------------------------------------
-# POST /reservations runs on every booking an automation makes; building the nested serializers above costs
-# more than the booking's own SQL. The request is read by ``booking_args`` when it is plainly valid, and by
-# ReservationCreateSerializer otherwise, so every error keeps the serializer's wording and shape. The answer
-# is built by ``reservation_detail``, which gives what ReservationDetailSerializer gives (a test compares them).
+# --- The booking's answer ----------------------------------------------------------------------------------
+# POST /reservations answers every booking an automation makes; ``reservation_detail`` builds the answer
+# directly, giving what ReservationDetailSerializer gives (a test compares them).
 
-_START = StartField()
-_END = AwareDateTimeField()
 _AT = serializers.DateTimeField()
-_SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def _clean_text(value: Any, max_length: int) -> str | None:
-    """A CharField's value (whitespace trimmed, not blank) when it is plainly valid, else None."""
-    if type(value) is not str:
-        return None
-    value = value.strip()
-    if not value or len(value) > max_length or "\x00" in value or _SURROGATES.search(value):
-        return None
-    return value
-
-
-def _strict_string(value: Any, max_length: int) -> bool:
-    return type(value) is str and len(value) <= max_length and "\x00" not in value and not _SURROGATES.search(value)
-
-
-def _env_name(value: Any) -> bool:
-    return type(value) is str and len(value) <= _ENV_NAME_MAX and ENV_NAME.fullmatch(value) is not None
-
-
-def _count(value: Any, maximum: int | None) -> tuple[bool, int | None]:
-    """An optional positive integer: (plainly valid?, the int or None when absent or null)."""
-    if value is None:
-        return True, None
-    if type(value) is not int or value < 1 or (maximum is not None and value > maximum):
-        return False, None
-    return True, value
-
-
-def _instant(field: serializers.DateTimeField, value: Any) -> datetime | None:
-    if type(value) is not str:
-        return None
-    try:
-        return field.to_internal_value(value)
-    except serializers.ValidationError:
-        return None
-
-
-def booking_args(data: Any, *, project: Project, gpu_model_id: int | None) -> dict[str, Any] | None:
-    """What ReservationCreateSerializer(...).to_domain() gives for a plainly valid request, or None.
-
-    None means "let the serializer read it": a value of another type than JSON's usual one, a bound
-    crossed, a GPU model that was not found (``gpu_model_id`` is None although one was named). Only inputs
-    the serializer accepts, read to the same values, come back from here.
-    """
-    if type(data) is not dict:
-        return None
-    spec, window, container = data.get("spec"), data.get("window"), data.get("container")
-    if type(spec) is not dict or type(window) is not dict or type(container) is not dict:
-        return None
-    if "duration" in window:
-        # A window given by its length is read by WindowSerializer alone: one definition of a window.
-        return None
-    if "volumes" in container or "network" in container:
-        # Mounts and networks are read by the serializer alone: one definition of them, off the hot path.
-        return None
-    name = _clean_text(data.get("name"), _NAME_MAX)
-    image = _clean_text(container.get("image"), _IMAGE_MAX)
-    if name is None or image is None:
-        return None
-    if "mig_profile" in spec:
-        return None  # a slice booking: read by SpecSerializer alone, one definition of its rules
-    # The spec: a model or a minimum memory, a count or whole servers; exactly one of each pair.
-    model_name = spec.get("gpu_model")
-    if model_name is not None and (type(model_name) is not str or gpu_model_id is None):
-        return None
-    memory_ok, memory = _count(spec.get("min_memory_mib"), _MEMORY_MAX_MIB)
-    count_ok, count = _count(spec.get("gpu_count"), _GPU_COUNT_MAX)
-    whole_ok, whole = _count(spec.get("whole_servers"), _WHOLE_SERVERS_MAX)
-    if not (memory_ok and count_ok and whole_ok):
-        return None
-    if (model_name is None) == (memory is None) or (count is None) == (whole is None):
-        return None
-    start, end = _instant(_START, window.get("start")), _instant(_END, window.get("end"))
-    if start is None or end is None or end <= start or start < timezone.now() - START_SKEW:
-        return None
-    command = container.get("command", [])
-    env = container.get("env", {})
-    if (
-        type(command) is not list
-        or len(command) > _COMMAND_MAX
-        or not all(_strict_string(c, _ARG_MAX) for c in command)
-    ):
-        return None
-    if (
-        type(env) is not dict
-        or len(env) > _ENV_MAX
-        or not all(_env_name(k) and _strict_string(v, _ENV_VALUE_MAX) for k, v in env.items())
-    ):
-        return None
-    return {
-        "project": project,
-        "name": name,
-        "spec": GpuSpec(
-            gpu_model_id=gpu_model_id if model_name is not None else None,
-            min_memory_mib=memory,
-            gpu_count=count,
-            whole_servers=whole,
-        ),
-        "window": Window(start, end),
-        "container": ContainerSpec(image=image, command=list(command), env=dict(env)),
-    }
-
-
 _DECIMAL3 = serializers.DecimalField(max_digits=6, decimal_places=3)
 
 

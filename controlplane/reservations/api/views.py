@@ -11,7 +11,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.accounts.choices import BOOKING_ROLES
-from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.reservations import services
@@ -23,7 +22,7 @@ from controlplane.reservations.api.serializers import (
     ReservationDetailSerializer,
     ReservationReasonSerializer,
     ReservationSerializer,
-    booking_args,
+    read_booking,
     reservation_detail,
 )
 from controlplane.reservations.costs import with_charges
@@ -91,7 +90,6 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def create(self, request: Request) -> Response:
         data: Any = request.data
         slug = data.get("project") if isinstance(data, dict) else None
-        known: dict[str, Project] = {}
         target = None
         if isinstance(slug, str):
             spec = data.get("spec")
@@ -107,14 +105,11 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             # The role before the rest of the body: a viewer is refused whatever else the request holds.
             if not (is_operator(request.user) or target.role in BOOKING_ROLES):
                 raise PermissionDenied("Booking needs the owner or member role in the project.")
-            known[slug] = target.project
-        args = booking_args(data, project=target.project, gpu_model_id=target.gpu_model_id) if target else None
-        if args is None:
-            # Anything not plainly valid goes through the serializer, which words every error.
-            serializer = ReservationCreateSerializer(data=data, projects=projects_visible_to(request.user))
-            serializer.fields["project"].known = known  # type: ignore[attr-defined]
-            serializer.is_valid(raise_exception=True)
-            args = serializer.to_domain()
+        # The one reading of a booking (ReservationCreateSerializer), given what that read found.
+        if target is None:
+            args = read_booking(data, projects=projects_visible_to(request.user))
+        else:
+            args = read_booking(data, project=target.project, gpu_model=target.gpu_model)
         reservation = services.reservation_create(actor=request.user, **args)
         # The service hands back the reservation with its allocations and events: no need to read it again.
         return Response(reservation_detail(reservation), status=status.HTTP_201_CREATED)

@@ -6,32 +6,26 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.accounts.models import Project
 from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField
 from controlplane.inventory.models import GpuModel
 from controlplane.reservations.api.fields import DurationField
 from controlplane.reservations.api.serializers import (
     ContainerSerializer,
-    ProjectSlugField,
+    ProjectWorkSerializer,
     ReservationReasonSerializer,
     SpecSerializer,
-    mount_from,
+    container_from,
     spec_from,
 )
-from controlplane.reservations.specs import ContainerSpec
 from controlplane.scheduling import selectors
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
 from controlplane.scheduling.order import Entry, ordered_queue
 
 
-class QueuedRequestCreateSerializer(serializers.Serializer):
-    project = ProjectSlugField(
-        slug_field="slug",
-        queryset=Project.objects.none(),
-        help_text="The project's slug; you must be its owner or a member.",
-    )
-    name = serializers.CharField(max_length=120)
+# A queued request: a booking's project, name, spec and container, read by the booking's own serializers
+# (reservations/api/serializers.py), with a duration instead of a window.
+class QueuedRequestCreateSerializer(ProjectWorkSerializer):
     spec = SpecSerializer()
     container = ContainerSerializer()
     duration = DurationField(
@@ -55,25 +49,13 @@ class QueuedRequestCreateSerializer(serializers.Serializer):
         help_text="When its reservation is preempted, queue the same request again (to resume from a checkpoint).",
     )
 
-    def __init__(self, *args: Any, projects: Any = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if projects is not None:
-            self.fields["project"].queryset = projects  # type: ignore[attr-defined]
-
     def to_domain(self) -> dict[str, Any]:
         data = self.validated_data
-        container = data["container"]
         return {
             "project": data["project"],
             "name": data["name"],
             "spec": spec_from(data["spec"]),
-            "container": ContainerSpec(
-                image=container["image"],
-                command=container["command"],
-                env=container["env"],
-                volumes=[mount_from(m) for m in container["volumes"]],
-                network=container["network"],
-            ),
+            "container": container_from(data["container"]),
             "duration": data["duration"],
             "start_by": data["start_by"],
             "priority_class": data.get("priority_class") or PriorityClass.objects.get(name="normal"),
