@@ -33,12 +33,21 @@ def spec_q(spec: GpuSpec, prefix: str = "") -> Q:
     return Q(**{f"{prefix}memory_mib__gte": spec.min_memory_mib})
 
 
+def usable_whole_q(prefix: str = "") -> Q:
+    """A GPU that can be used whole: not in MIG mode. CUDA sees a GPU whose MIG mode is on only through its
+    MIG devices, so such a GPU is booked by its slices (reservations/mig.py), never whole. A GPU that cannot
+    do MIG (``mig`` null), has it off, or whose report names no mode is usable whole."""
+    return ~Q(**{f"{prefix}mig__current": True}) | Q(**{f"{prefix}mig__current__isnull": True})
+
+
 def gpu_matches(spec: GpuSpec, prefix: str = "") -> Q:
-    """The one definition of a GPU that matches a booking's spec: healthy, and of its model or memory.
+    """The one definition of a GPU that matches a booking's spec: healthy, usable whole (MIG mode off), and
+    of its model or memory.
 
     Placement, the earliest-window search and capacity all use it; the hand-written candidate reads below
-    compile it to SQL (``_match_sql``) rather than spelling it again."""
-    return spec_q(spec, prefix) & Q(**{f"{prefix}health": GpuHealth.HEALTHY})
+    compile it to SQL (``_match_sql``) rather than spelling it again. The capacity summary's triggers
+    (migrations 0004 and 0007) count the GPUs it can match, per server and model."""
+    return spec_q(spec, prefix) & Q(**{f"{prefix}health": GpuHealth.HEALTHY}) & usable_whole_q(prefix)
 
 
 def placeable_gpus(spec: GpuSpec) -> QuerySet[Gpu]:

@@ -170,6 +170,12 @@ def _place_and_allocate(
     if spec.mig_profile is not None:
         # Slices have their own placement (reservations/mig.py); preemption does not cover them yet.
         return mig.place_and_allocate(reservation, spec=spec, window=window)
+    if spec.slices:
+        # Slices by memory: the smallest MIG profile that has them free, else whole GPUs of that memory.
+        placed = mig.place_by_memory(reservation, spec=spec, window=window)
+        if placed is not None:
+            return placed
+        spec = spec.whole_only
     exclude: set[int] = set()
     preempted = False
     yields_at: datetime | None = None

@@ -186,3 +186,17 @@ def test_a_request_object_admits_extra_keys_without_nul_as_the_parsers_do(schema
     assert refused["fields"] == {"preferences.0.note.a\\u0000": ["Null characters are not allowed."]}
     body["preferences"][0]["note"] = {"a": [1, "text"]}
     assert tenant.put("/api/v1/notifications/preferences/", body, format="json").status_code == 200
+
+
+def test_slice_specs_are_documented_where_they_are_read(schema):
+    # Booking and the availability reads take slices (mig_profile, or slices with a minimum memory); the
+    # answers say which profile they answer. The queue takes neither (docs/fractional.md).
+    paths, components = schema["paths"], schema["components"]["schemas"]
+    for path in ("/api/v1/availability/free/", "/api/v1/availability/earliest/"):
+        params = {p["name"]: p for p in paths[path]["get"]["parameters"]}
+        assert {"mig_profile", "slices"} <= set(params), path
+        assert params["slices"]["schema"]["type"] == "boolean"
+    assert {"mig_profile"} <= set(components["FreeAnswer"]["properties"])
+    assert {"mig_profile"} <= set(components["EarliestAnswer"]["properties"])
+    assert {"mig_profile", "slices"} <= set(components["BookingSpecRequest"]["properties"])
+    assert not {"mig_profile", "slices"} & set(components["SpecRequest"]["properties"])

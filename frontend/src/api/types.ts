@@ -255,6 +255,8 @@ export interface FreeAnswer {
   free_gpus: number;
   servers: { hostname: string; free: string[]; whole: boolean }[];
   proposal: string[] | null;
+  // A slice search's profile (free and proposal are then MIG device uuids); null for whole GPUs.
+  mig_profile: string | null;
 }
 
 export interface EarliestAnswer {
@@ -262,6 +264,7 @@ export interface EarliestAnswer {
   start: string | null;
   end: string | null;
   gpus: string[];
+  mig_profile: string | null;
 }
 
 export interface ApiToken {
