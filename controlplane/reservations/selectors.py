@@ -100,6 +100,19 @@ def _match_sql(spec: GpuSpec) -> tuple[str, list[Any]]:
     return f"({sql})", list(params)
 
 
+_WHOLE_SQL: dict[str, tuple[str, list[Any]]] = {}
+
+
+def usable_whole_sql() -> tuple[str, list[Any]]:
+    """``usable_whole_q()`` as SQL over the GPU table, compiled once per database backend: the booking's
+    re-read under its locks (``services._reread``) checks it as placement did."""
+    if connection.vendor not in _WHOLE_SQL:
+        query = Gpu.objects.filter(usable_whole_q()).query
+        sql, params = query.where.as_sql(query.get_compiler(connection=connection), connection)
+        _WHOLE_SQL[connection.vendor] = (f"({sql})", list(params))
+    return _WHOLE_SQL[connection.vendor]
+
+
 def _window_params(window: Window) -> list[Any]:
     """The bounds for ``_BUSY_SQL``, as the database stores them (SQLite keeps instants as text)."""
     adapt = connection.ops.adapt_datetimefield_value

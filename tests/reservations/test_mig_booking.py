@@ -145,6 +145,25 @@ def test_a_whole_gpu_booking_never_lands_on_a_gpu_in_mig_mode():
     assert book(proj, spec(h100), Window(w.ends_at, w.ends_at + timedelta(hours=1))).allocations.count() == 1
 
 
+def test_a_gpu_put_in_mig_mode_between_placement_and_its_lock_is_not_booked_whole(monkeypatch):
+    # The competing writer at the critical step: a heartbeat reports MIG mode on for the chosen GPU after
+    # placement read it and before the booking locked it; the re-read under the lock sees it, and places again.
+    h100 = gpu_model()
+    server(h100, gpus=2)
+    original = services._share_lock_gpus
+    flipped: list[int] = []
+
+    def report_mig_then_lock(gpu_ids: list[int]) -> None:
+        if not flipped:
+            Gpu.objects.filter(pk__in=gpu_ids).update(mig={"current": True, "pending": True})
+            flipped.extend(gpu_ids)
+        original(gpu_ids)
+
+    monkeypatch.setattr(services, "_share_lock_gpus", report_mig_then_lock)
+    r = book(project(), spec(h100), window())
+    assert flipped and r.allocations.get().gpu_id not in flipped
+
+
 def test_a_slice_is_refused_where_a_whole_gpu_booking_holds_its_gpu():
     # A whole-GPU booking made before MIG mode came on (a GPU reset out of band) still excludes the slices.
     h100 = gpu_model()
