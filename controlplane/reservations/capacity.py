@@ -16,7 +16,7 @@ from rest_framework import serializers
 from controlplane.core.errors import Conflict
 from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Gpu, GpuModel, Server
-from controlplane.reservations.selectors import gpu_matches, spec_q
+from controlplane.reservations.selectors import gpu_matches, spec_q, usable_whole_q
 from controlplane.reservations.specs import GpuSpec, Window
 from controlplane.reservations.windows import earliest_window
 
@@ -31,14 +31,17 @@ class FleetCount:
 
     total: int
     usable: int
+    in_mig: int = 0  # of ``total``, GPUs in MIG mode: booked by their slices only
 
 
 def fleet_count(spec: GpuSpec) -> FleetCount:
     if spec.whole_servers is None:
         counts = Gpu.objects.filter(spec_q(spec), present=True).aggregate(
-            total=Count("id"), usable=Count("id", filter=gpu_matches(spec) & Q(server__state=ServerState.READY))
+            total=Count("id"),
+            usable=Count("id", filter=gpu_matches(spec) & Q(server__state=ServerState.READY)),
+            in_mig=Count("id", filter=~usable_whole_q()),
         )
-        return FleetCount(counts["total"], counts["usable"])
+        return FleetCount(counts["total"], counts["usable"], counts["in_mig"])
     present = Q(gpus__present=True)
     servers = Server.objects.annotate(
         gpus_present=Count("gpus", filter=present),
@@ -83,18 +86,18 @@ def no_capacity(spec: GpuSpec, window: Window, *, now: datetime, yields_at: date
             f"The fleet has {_count(count.total, what)} ({count.usable} healthy on ready servers): fewer than "
             f"the {asked} asked for, so no window can fit."
         )
-        return _conflict(message, field, fleet, None)
+        return _conflict(message + _in_mig(count), field, fleet, None)
     if count.usable < asked:
         message = (
             f"The fleet has {_count(count.total, what)}, but only {count.usable} healthy on ready servers now: "
             f"fewer than the {asked} asked for."
         )
-        return _conflict(message, field, fleet, None)
+        return _conflict(message + _in_mig(count), field, fleet, None)
     earliest = _earliest(spec, window, now=now)
     message = (
         f"Not enough {what[1]} are free for the whole window: {asked} asked for, and bookings hold the rest of "
         f"the fleet's {count.total} ({count.usable} healthy on ready servers)."
-    )
+    ) + _in_mig(count)
     if earliest is None:
         message += f" None is free for a window of this length in the {EARLIEST_WITHIN.days} days after its start."
     else:
@@ -109,6 +112,15 @@ def no_capacity(spec: GpuSpec, window: Window, *, now: datetime, yields_at: date
     if yields_at is not None:
         conflict.extra["preemptible_yield_at"] = _AT.to_representation(yields_at)
     return conflict
+
+
+def _in_mig(count: FleetCount) -> str:
+    if not count.in_mig:
+        return ""
+    return (
+        f" {count.in_mig} of them {'is' if count.in_mig == 1 else 'are'} in MIG mode, booked by slices only "
+        "(spec.mig_profile, or spec.slices with a minimum memory)."
+    )
 
 
 def _conflict(message: str, field: str, fleet: dict[str, int], earliest: Window | None) -> Conflict:

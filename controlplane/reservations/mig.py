@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Literal
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from controlplane.core import rows
 from controlplane.core.errors import Conflict
@@ -90,7 +91,9 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def _held(gpu_ids: Sequence[int], window: Window, exclude_reservation_id: int | None = None) -> dict[int, list]:
+def _held(
+    gpu_ids: Sequence[int], window: Window, exclude_reservation_id: int | None = None
+) -> dict[int, list[tuple[int, int]]]:
     """Per GPU, the memory-slice spans its active allocations hold at some point of the window."""
     qs = overlapping(Allocation.objects.filter(gpu_id__in=list(gpu_ids)), window.starts_at, window.ends_at)
     if exclude_reservation_id is not None:
@@ -101,20 +104,26 @@ def _held(gpu_ids: Sequence[int], window: Window, exclude_reservation_id: int | 
     return held
 
 
-def _devices(spec: GpuSpec, *, ids: Sequence[int] | None = None) -> list[MigDevice]:
-    """The devices of the profile on GPUs a booking may use: present, healthy, MIG on, on a ready server."""
-    qs = MigDevice.objects.filter(
+def _bookable() -> QuerySet[MigDevice]:
+    """Devices on GPUs a booking may use: present, healthy, MIG on, on a ready server, with a known span."""
+    return MigDevice.objects.filter(
         gpu__present=True,
         gpu__health=GpuHealth.HEALTHY,
         gpu__server__state=ServerState.READY,
+        gpu__mig__current=True,
         placement_start__isnull=False,
         memory_slices__gte=1,
-    ).select_related("gpu__server")
+    )
+
+
+def _devices(spec: GpuSpec, *, ids: Sequence[int] | None = None) -> list[MigDevice]:
+    """The devices of the profile on GPUs a booking may use (``_bookable``)."""
+    qs = _bookable().select_related("gpu__server")
     if ids is not None:
         qs = qs.filter(pk__in=list(ids))
     else:
         qs = qs.filter(profile=spec.mig_profile)
-    return [d for d in qs if (d.gpu.mig or {}).get("current") is True]
+    return list(qs)
 
 
 def _span(device: MigDevice) -> tuple[int, int]:
@@ -125,7 +134,11 @@ def _span(device: MigDevice) -> tuple[int, int]:
 def free_slices(spec: GpuSpec, window: Window) -> list[SliceSlot]:
     """The devices of ``spec.mig_profile`` free for the whole window, with their GPUs' free memory slices."""
     devices = _devices(spec)
-    held = _held(sorted({d.gpu_id for d in devices}), window)
+    return _slots(devices, _held(sorted({d.gpu_id for d in devices}), window))
+
+
+def _slots(devices: Sequence[MigDevice], held: dict[int, list[tuple[int, int]]]) -> list[SliceSlot]:
+    """Of ``devices``, those whose span none of their GPU's ``held`` spans covers, as packing sees them."""
     out: list[SliceSlot] = []
     for device in devices:
         spans = held.get(device.gpu_id, [])
@@ -224,3 +237,94 @@ def span_q(allocations: Sequence[Allocation]) -> Q:
     for a in allocations:
         q |= Q(gpu_id=a.gpu_id, slice_start__lt=a.slice_end, slice_end__gt=a.slice_start)
     return q
+
+
+# -- slices by memory (docs/fractional.md, "Slices by memory") --------------------------------------------
+
+
+def slice_specs(spec: GpuSpec) -> list[GpuSpec]:
+    """The slice bookings a spec may become, in the order the rule tries them: a ``mig_profile`` spec is
+    itself; a slices-by-memory spec is one per profile on bookable devices with at least its memory, the
+    smallest first (fewest memory slices, then compute slices, then memory, a media-extension ``+me``
+    profile after its plain twin); any other spec none."""
+    if spec.mig_profile is not None:
+        return [spec]
+    if not spec.slices or spec.min_memory_mib is None:
+        return []
+    found = (
+        _bookable()
+        .filter(memory_mib__gte=spec.min_memory_mib)
+        .exclude(profile="")
+        .values_list("profile", "memory_slices", "compute_slices", "memory_mib")
+        .distinct()
+    )
+    size: dict[str, tuple[int, int, int, bool]] = {}
+    for profile, memory_slices, compute_slices, memory_mib in found:
+        key = (int(memory_slices or 0), int(compute_slices or 0), int(memory_mib or 0), profile.endswith("+me"))
+        size[profile] = min(size.get(profile, key), key)
+    ordered = sorted(size, key=lambda p: (size[p], p))
+    return [replace(spec, mig_profile=p, min_memory_mib=None, slices=False) for p in ordered]
+
+
+def first_fit(spec: GpuSpec, window: Window) -> tuple[GpuSpec, list[SliceSlot], list[int]] | None:
+    """The first of ``slice_specs(spec)`` that has ``gpu_count`` slices free for the window: that profile's
+    spec, its free slices and the ones packing picks. None when no profile has them."""
+    for profile_spec in slice_specs(spec):
+        free = free_slices(profile_spec, window)
+        chosen = pick_slices(free, profile_spec.gpu_count or 1)
+        if chosen is not None:
+            return profile_spec, free, chosen
+    return None
+
+
+def place_by_memory(
+    reservation: Reservation, *, spec: GpuSpec, window: Window
+) -> tuple[list[Gpu], list[Allocation]] | None:
+    """A slices-by-memory booking placed on the first profile of ``slice_specs`` that takes it, the
+    reservation's row saying which (``mig_profile``, its memory dropped: what was booked); None when none
+    does, and the caller places whole GPUs."""
+    for profile_spec in slice_specs(spec):
+        try:
+            placed = place_and_allocate(reservation, spec=profile_spec, window=window)
+        except Conflict as exc:
+            if exc.code == "no_capacity":
+                continue  # this profile is full for the window: the next larger one
+            raise
+        Reservation.objects.filter(pk=reservation.pk).update(mig_profile=profile_spec.mig_profile, min_memory_mib=None)
+        reservation.mig_profile, reservation.min_memory_mib = profile_spec.mig_profile or "", None
+        return placed
+    return None
+
+
+def earliest_slices(
+    spec: GpuSpec, *, duration: timedelta, within: timedelta, now: datetime
+) -> tuple[Window, list[int]] | None:
+    """The earliest ``[t, t + duration)`` inside ``[now, now + within]`` in which ``gpu_count`` slices of
+    ``spec.mig_profile`` are free, with the MigDevice ids packing picks then (``pick_slices``, as booking).
+
+    A window that fits can move earlier until it starts at ``now`` or at the end of an allocation of one of
+    these GPUs (moving earlier meets a new allocation only past its end), so those instants are all the
+    starts there are to try, in order, against one read of the GPUs' allocations in the horizon."""
+    last = now + within - duration
+    if last < now:
+        return None
+    devices = _devices(spec)
+    count = spec.gpu_count or 1
+    if len(devices) < count:
+        return None
+    allocations = list(
+        overlapping(Allocation.objects.filter(gpu_id__in={d.gpu_id for d in devices}), now, last + duration)
+        .order_by()
+        .values_list("gpu_id", "slice_start", "slice_end", "starts_at", "ends_at")
+    )
+    starts = sorted({now} | {end for *_, end in allocations if now < end <= last})
+    for t in starts:
+        end = t + duration
+        held: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for gpu_id, slice_start, slice_end, a, b in allocations:
+            if a < end and b > t:
+                held[gpu_id].append((slice_start, slice_end))
+        chosen = pick_slices(_slots(devices, held), count)
+        if chosen is not None:
+            return Window(t, end), chosen
+    return None

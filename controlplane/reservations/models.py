@@ -144,7 +144,8 @@ class Allocation(models.Model):
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["starts_at", "gpu_id"]
+        # The span too: slices of one GPU share a start and a GPU, and an answer lists them in one order.
+        ordering = ["starts_at", "gpu_id", "slice_start"]
         indexes = [
             models.Index(
                 fields=["gpu", "starts_at", "ends_at"], condition=Q(active=True), name="allocation_active_gpu_period"

@@ -33,12 +33,21 @@ def spec_q(spec: GpuSpec, prefix: str = "") -> Q:
     return Q(**{f"{prefix}memory_mib__gte": spec.min_memory_mib})
 
 
+def usable_whole_q(prefix: str = "") -> Q:
+    """A GPU that can be used whole: not in MIG mode. CUDA sees a GPU whose MIG mode is on only through its
+    MIG devices, so such a GPU is booked by its slices (reservations/mig.py), never whole. A GPU that cannot
+    do MIG (``mig`` null), has it off, or whose report names no mode is usable whole."""
+    return ~Q(**{f"{prefix}mig__current": True}) | Q(**{f"{prefix}mig__current__isnull": True})
+
+
 def gpu_matches(spec: GpuSpec, prefix: str = "") -> Q:
-    """The one definition of a GPU that matches a booking's spec: healthy, and of its model or memory.
+    """The one definition of a GPU that matches a booking's spec: healthy, usable whole (MIG mode off), and
+    of its model or memory.
 
     Placement, the earliest-window search and capacity all use it; the hand-written candidate reads below
-    compile it to SQL (``_match_sql``) rather than spelling it again."""
-    return spec_q(spec, prefix) & Q(**{f"{prefix}health": GpuHealth.HEALTHY})
+    compile it to SQL (``_match_sql``) rather than spelling it again. The capacity summary's triggers
+    (migrations 0004 and 0007) count the GPUs it can match, per server and model."""
+    return spec_q(spec, prefix) & Q(**{f"{prefix}health": GpuHealth.HEALTHY}) & usable_whole_q(prefix)
 
 
 def placeable_gpus(spec: GpuSpec) -> QuerySet[Gpu]:
@@ -89,6 +98,19 @@ def _match_sql(spec: GpuSpec) -> tuple[str, list[Any]]:
     query = Gpu.objects.filter(gpu_matches(spec)).query
     sql, params = query.where.as_sql(query.get_compiler(connection=connection), connection)
     return f"({sql})", list(params)
+
+
+_WHOLE_SQL: dict[str, tuple[str, list[Any]]] = {}
+
+
+def usable_whole_sql() -> tuple[str, list[Any]]:
+    """``usable_whole_q()`` as SQL over the GPU table, compiled once per database backend: the booking's
+    re-read under its locks (``services._reread``) checks it as placement did."""
+    if connection.vendor not in _WHOLE_SQL:
+        query = Gpu.objects.filter(usable_whole_q()).query
+        sql, params = query.where.as_sql(query.get_compiler(connection=connection), connection)
+        _WHOLE_SQL[connection.vendor] = (f"({sql})", list(params))
+    return _WHOLE_SQL[connection.vendor]
 
 
 def _window_params(window: Window) -> list[Any]:
@@ -189,7 +211,8 @@ _SUMMARY_SQL = f"""
     ),
     held AS (
         -- Every summary row of each busy server: its GPU rows of any model and state (gpus), and the
-        -- present, healthy ones of the spec's model (healthy, null unless the server is ready and has some).
+        -- present, healthy ones of the spec's model usable whole, MIG mode off (healthy, null unless the
+        -- server is ready and has some).
         SELECT b.server_id, b.n, MAX(c.hostname) AS hostname, SUM(c.gpus) AS gpus,
                MAX(c.healthy) FILTER (WHERE c.model_id = %s AND c.ready) AS healthy
         FROM busy b INNER JOIN reservations_server_capacity c ON c.server_id = b.server_id
@@ -197,7 +220,7 @@ _SUMMARY_SQL = f"""
     ),
     counted AS (
         SELECT h.server_id, h.hostname, h.healthy, h.healthy - CASE
-            -- Every GPU on the server is present, healthy and of the model: each busy one matches.
+            -- Every GPU on the server is present, healthy, whole and of the model: each busy one matches.
             WHEN h.gpus = h.healthy THEN h.n
             -- Otherwise its matching GPUs are read, and those that are busy counted.
             ELSE (SELECT COUNT(*) FROM {_G} WHERE {_G}.server_id = h.server_id AND {_G}.present AND {{match}}

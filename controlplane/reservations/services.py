@@ -39,7 +39,14 @@ from controlplane.reservations import capacity, costs, hooks, mig, preemption
 from controlplane.reservations.choices import CHANGEABLE_STATES, FINAL_STATES, HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.placement import place
-from controlplane.reservations.selectors import _BUSY_SQL, _G, _window_params, candidate_servers, overlapping
+from controlplane.reservations.selectors import (
+    _BUSY_SQL,
+    _G,
+    _window_params,
+    candidate_servers,
+    overlapping,
+    usable_whole_sql,
+)
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
 
 # How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
@@ -125,10 +132,13 @@ def _share_lock_gpus(gpu_ids: list[int]) -> None:
         cursor.execute("SELECT id FROM inventory_gpu WHERE id = ANY(%s) ORDER BY id FOR SHARE", [sorted(gpu_ids)])
 
 
-_REREAD_SQL = (
-    f'SELECT {_G}.id, {_G}.uuid, {_G}."index", {_G}.server_id, s.hostname, {_G}.model_id, m.name, '  # noqa: S608 - names from metadata; values are parameters
-    f"m.billing_weight, {_G}.present AND {_G}.health = %s AND s.state = %s, "
-    f"{_BUSY_SQL} FROM {_G} "
+# Split around the predicate compiled from ``usable_whole_q`` (a GPU in MIG mode is not bookable whole).
+_REREAD_SQL_HEAD = (
+    f'SELECT {_G}.id, {_G}.uuid, {_G}."index", {_G}.server_id, s.hostname, {_G}.model_id, m.name, '
+    f"m.billing_weight, {_G}.present AND {_G}.health = %s AND s.state = %s AND "
+)
+_REREAD_SQL_TAIL = (
+    f", {_BUSY_SQL} FROM {_G} "
     f"INNER JOIN {Server._meta.db_table} s ON s.id = {_G}.server_id "
     f"INNER JOIN {GpuModel._meta.db_table} m ON m.id = {_G}.model_id WHERE {_G}.id IN "
 )
@@ -136,9 +146,10 @@ _REREAD_SQL = (
 
 def _reread(gpu_ids: list[int], window: Window) -> tuple[dict[int, Gpu], set[int]]:
     """The chosen GPUs as they are now, with their server and model, and those no longer bookable for the
-    window: allocated meanwhile, unhealthy, gone, or on a server that left ``ready``."""
-    sql = _REREAD_SQL + "(" + ", ".join(["%s"] * len(gpu_ids)) + f") ORDER BY {_G}.id"
-    params = [GpuHealth.HEALTHY.value, ServerState.READY.value, *_window_params(window), *gpu_ids]
+    window: allocated meanwhile, unhealthy, gone, in MIG mode, or on a server that left ``ready``."""
+    whole, whole_params = usable_whole_sql()
+    sql = _REREAD_SQL_HEAD + whole + _REREAD_SQL_TAIL + "(" + ", ".join(["%s"] * len(gpu_ids)) + f") ORDER BY {_G}.id"
+    params = [GpuHealth.HEALTHY.value, ServerState.READY.value, *whole_params, *_window_params(window), *gpu_ids]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
@@ -170,6 +181,12 @@ def _place_and_allocate(
     if spec.mig_profile is not None:
         # Slices have their own placement (reservations/mig.py); preemption does not cover them yet.
         return mig.place_and_allocate(reservation, spec=spec, window=window)
+    if spec.slices:
+        # Slices by memory: the smallest MIG profile that has them free, else whole GPUs of that memory.
+        placed = mig.place_by_memory(reservation, spec=spec, window=window)
+        if placed is not None:
+            return placed
+        spec = spec.whole_only
     exclude: set[int] = set()
     preempted = False
     yields_at: datetime | None = None

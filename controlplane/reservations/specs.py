@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.utils import timezone
@@ -24,9 +24,19 @@ class GpuSpec:
     whole_servers: int | None = None
     # A slice booking: ``gpu_count`` MIG devices of this profile ("1g.10gb"), instead of a model or memory.
     mig_profile: str | None = None
+    # With ``min_memory_mib``: each of ``gpu_count`` units may be a MIG slice with at least that memory, on
+    # the smallest profile that has them free, else a whole GPU (docs/fractional.md, "Slices by memory").
+    slices: bool = False
+
+    @property
+    def whole_only(self) -> GpuSpec:
+        """This spec asking for whole GPUs alone: what a slices-by-memory spec falls back to."""
+        return replace(self, slices=False, mig_profile=None)
 
     def validate(self) -> None:
         fields: dict[str, list[str]] = {}
+        if self.slices:
+            fields.update(self._slices_problems())
         if self.mig_profile is not None:
             fields.update(self._mig_problems())
         elif (self.gpu_model_id is None) == (self.min_memory_mib is None):
@@ -41,6 +51,16 @@ class GpuSpec:
             fields["spec.whole_servers"] = ["Must be at least 1."]
         if fields:
             raise ValidationFailed(_sentence(fields), fields=fields)
+
+    def _slices_problems(self) -> dict[str, list[str]]:
+        fields: dict[str, list[str]] = {}
+        if self.mig_profile is not None:
+            fields["spec.slices"] = ["A MIG profile books slices already; give slices with a minimum memory instead."]
+        elif self.min_memory_mib is None or self.gpu_model_id is not None:
+            fields["spec.slices"] = ["Slices are asked for by a minimum memory (spec.min_memory_mib), not a model."]
+        if self.whole_servers is not None:
+            fields["spec.whole_servers"] = ["Slices are booked by count (spec.gpu_count), not as whole servers."]
+        return fields
 
     def _mig_problems(self) -> dict[str, list[str]]:
         fields: dict[str, list[str]] = {}

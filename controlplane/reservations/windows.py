@@ -11,6 +11,7 @@ from django.db import connection
 from django.db.models import BooleanField, ExpressionWrapper, F
 from django.utils.dateparse import parse_datetime
 
+from controlplane.reservations import mig
 from controlplane.reservations.placement import coverage, place
 from controlplane.reservations.selectors import (
     SHORTLIST,
@@ -397,3 +398,27 @@ def earliest_window(
     if proposal is None:  # an allocation landed meanwhile; the caller may ask again
         return None
     return window, proposal
+
+
+def earliest_booking(
+    spec: GpuSpec, *, duration: timedelta, within: timedelta, now: datetime
+) -> tuple[Window, list[int], str | None] | None:
+    """The earliest window that a booking of ``spec`` fits in, with what it would get there: GPU ids and
+    None, or for slices MigDevice ids and their profile (docs/fractional.md, "Slices by memory").
+
+    A whole-GPU spec is earliest_window(). A slice spec tries, in the booking rule's order
+    (``mig.slice_specs``, then whole GPUs for slices by memory), each choice's own earliest window; the
+    earliest of them wins, the rule's order deciding a tie, which is what booking at that start takes."""
+    if spec.mig_profile is None and not spec.slices:
+        found = earliest_window(spec, duration=duration, within=within, now=now)
+        return None if found is None else (found[0], found[1], None)
+    best: tuple[Window, list[int], str | None] | None = None
+    for profile_spec in mig.slice_specs(spec):
+        slices = mig.earliest_slices(profile_spec, duration=duration, within=within, now=now)
+        if slices is not None and (best is None or slices[0].starts_at < best[0].starts_at):
+            best = (slices[0], slices[1], profile_spec.mig_profile)
+    if spec.slices and (best is None or best[0].starts_at > now):
+        whole = earliest_window(spec.whole_only, duration=duration, within=within, now=now)
+        if whole is not None and (best is None or whole[0].starts_at < best[0].starts_at):
+            best = (whole[0], whole[1], None)
+    return best

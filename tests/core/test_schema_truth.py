@@ -199,3 +199,17 @@ def test_a_text_is_measured_as_sent_before_its_blanks_are_trimmed(operator, sche
 def test_a_servers_events_offer_no_filters_of_the_servers_list(schema):
     names = {p["name"] for p in schema["paths"]["/api/v1/servers/{id}/events/"]["get"]["parameters"]}
     assert names == {"id", "limit", "offset"}
+
+
+def test_slice_specs_are_documented_where_they_are_read(schema):
+    # Booking and the availability reads take slices (mig_profile, or slices with a minimum memory); the
+    # answers say which profile they answer. The queue takes neither (docs/fractional.md).
+    paths, components = schema["paths"], schema["components"]["schemas"]
+    for path in ("/api/v1/availability/free/", "/api/v1/availability/earliest/"):
+        params = {p["name"]: p for p in paths[path]["get"]["parameters"]}
+        assert {"mig_profile", "slices"} <= set(params), path
+        assert params["slices"]["schema"]["type"] == "boolean"
+    assert {"mig_profile"} <= set(components["FreeAnswer"]["properties"])
+    assert {"mig_profile"} <= set(components["EarliestAnswer"]["properties"])
+    assert {"mig_profile", "slices"} <= set(components["BookingSpecRequest"]["properties"])
+    assert not {"mig_profile", "slices"} & set(components["SpecRequest"]["properties"])

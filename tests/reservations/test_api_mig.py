@@ -68,15 +68,3 @@ def test_no_free_slice_is_a_409_naming_the_profile(api_client, member_project): 
     assert response.status_code == 409, response.data
     assert response.data["error"]["code"] == "no_capacity"
     assert "spec.mig_profile" in response.data["error"]["fields"]
-
-
-def test_the_availability_search_takes_no_mig_profile(api_client, member_project):  # type: ignore[no-untyped-def]
-    # The free-GPU search does not cover slices: a profile is not one of its fields, and a spec of one alone
-    # is a 400 asking for a model or a memory, never a 500.
-    mig_server(gpu_model(), [SEVEN_ONES])
-    api_client.force_authenticate(member_project["member"])
-    response = api_client.get(
-        "/api/v1/availability/earliest/", {"mig_profile": "1g.10gb", "gpu_count": 1, "duration_hours": 1}
-    )
-    assert response.status_code == 400, response.data
-    assert "gpu_model" in response.data["error"]["fields"], response.data

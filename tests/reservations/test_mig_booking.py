@@ -23,8 +23,15 @@ from tests.factories import UserFactory
 from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec, window
 
 _seq = itertools.count(1)
-# Memory slices and starts of the H100-80GB profiles used here (nodeagent/mig.py).
-_SIZES = {"1g.10gb": (1, 10240), "2g.20gb": (2, 20480), "3g.40gb": (4, 40960), "7g.80gb": (8, 81920)}
+# Memory slices, memory and compute slices of the H100-80GB profiles used here (nodeagent/mig.py).
+_SIZES = {
+    "1g.10gb": (1, 10240, 1),
+    "1g.10gb+me": (1, 10240, 1),
+    "1g.20gb": (2, 20480, 1),
+    "2g.20gb": (2, 20480, 2),
+    "3g.40gb": (4, 40960, 3),
+    "7g.80gb": (8, 81920, 7),
+}
 
 
 def mig_server(model: GpuModel, layouts: list[list[tuple[str, int]]], *, hostname: str | None = None) -> Server:
@@ -37,14 +44,14 @@ def mig_server(model: GpuModel, layouts: list[list[tuple[str, int]]], *, hostnam
         gpu.mig = {"current": True, "pending": True, "profiles": [], "devices": []}
         gpu.save(update_fields=["mig"])
         for profile, start in layout:
-            slices, memory = _SIZES[profile]
+            slices, memory, compute = _SIZES[profile]
             MigDevice.objects.create(
                 gpu=gpu,
                 uuid=f"MIG-{gpu.uuid}-{start}-{next(_seq)}",
                 profile=profile,
                 memory_mib=memory,
                 memory_slices=slices,
-                compute_slices=min(slices, 7),
+                compute_slices=compute,
                 placement_start=start,
             )
     return srv
@@ -124,19 +131,71 @@ def test_slices_pack_onto_the_gpu_already_cut_in_the_window():
     assert len(gpus) == 1  # the second slice went beside the first, GPU 1 stays untouched
 
 
-def test_a_whole_gpu_booking_excludes_its_slices_and_a_slice_excludes_the_whole_gpu():
+def test_a_whole_gpu_booking_never_lands_on_a_gpu_in_mig_mode():
+    # CUDA uses a GPU in MIG mode only through its MIG devices: whole, by model, memory or whole server, it is
+    # not bookable (selectors.gpu_matches); its slices are.
     h100 = gpu_model()
-    mig_server(h100, [SEVEN_ONES])
+    srv = mig_server(h100, [SEVEN_ONES, []])
+    whole_gpu = Gpu.objects.get(server=srv, index=1)
+    proj = project()
+    w = window(hours=2)
+    first = book(proj, spec(h100), w)
+    assert first.allocations.get().gpu_id == whole_gpu.pk
+    for asked in (spec(h100), GpuSpec(min_memory_mib=1, gpu_count=1)):
+        with pytest.raises(Conflict) as exc:
+            book(proj, asked, w)
+        assert exc.value.code == "no_capacity"
+        assert "1 of them is in MIG mode" in exc.value.message, exc.value.message
+    with pytest.raises(Conflict):
+        book(proj, spec(h100, whole=1), Window(w.ends_at, w.ends_at + timedelta(hours=1)))
+    book(proj, mig_spec(), w)  # the slices are
+    # MIG mode only pending (after the next reset): CUDA still sees the GPU whole.
+    Gpu.objects.filter(server=srv, index=0).update(mig={"current": False, "pending": True})
+    assert book(proj, spec(h100), Window(w.ends_at, w.ends_at + timedelta(hours=1))).allocations.count() == 1
+
+
+def test_a_gpu_put_in_mig_mode_between_placement_and_its_lock_is_not_booked_whole(monkeypatch):
+    # The competing writer at the critical step: a heartbeat reports MIG mode on for the chosen GPU after
+    # placement read it and before the booking locked it; the re-read under the lock sees it, and places again.
+    h100 = gpu_model()
+    server(h100, gpus=2)
+    original = services._share_lock_gpus
+    flipped: list[int] = []
+
+    def report_mig_then_lock(gpu_ids: list[int]) -> None:
+        if not flipped:
+            Gpu.objects.filter(pk__in=gpu_ids).update(mig={"current": True, "pending": True})
+            flipped.extend(gpu_ids)
+        original(gpu_ids)
+
+    monkeypatch.setattr(services, "_share_lock_gpus", report_mig_then_lock)
+    r = book(project(), spec(h100), window())
+    assert flipped and r.allocations.get().gpu_id not in flipped
+
+
+def test_a_slice_is_refused_where_a_whole_gpu_booking_holds_its_gpu():
+    # A whole-GPU booking made before MIG mode came on (a GPU reset out of band) still excludes the slices.
+    h100 = gpu_model()
+    srv = mig_server(h100, [[]])
     proj = project()
     w = window(hours=2)
     book(proj, spec(h100), w)
+    gpu = Gpu.objects.get(server=srv)
+    Gpu.objects.filter(pk=gpu.pk).update(mig={"current": True, "pending": True})
+    for start in range(7):
+        MigDevice.objects.create(
+            gpu=gpu,
+            uuid=f"MIG-late-{start}",
+            profile="1g.10gb",
+            memory_mib=10240,
+            memory_slices=1,
+            compute_slices=1,
+            placement_start=start,
+        )
     with pytest.raises(Conflict) as exc:
         book(proj, mig_spec(), w)
     assert exc.value.code == "no_capacity" and "spec.mig_profile" in exc.value.fields
-    later = Window(w.ends_at, w.ends_at + timedelta(hours=1))
-    book(proj, mig_spec(), later)  # back to back is fine
-    with pytest.raises(Conflict):
-        book(proj, spec(h100), Window(later.starts_at + timedelta(minutes=30), later.ends_at))
+    book(proj, mig_spec(), Window(w.ends_at, w.ends_at + timedelta(hours=1)))  # back to back is fine
 
 
 def test_a_gpu_with_mig_off_or_a_server_not_ready_offers_no_slices():
@@ -266,6 +325,7 @@ def test_a_whole_gpu_and_a_slice_racing_for_one_gpu_never_both_win():
         results = _race(proj, [spec(h100), mig_spec()], w)
         won = [r for r in results if isinstance(r, Reservation)]
         assert len(won) == 1, results
+        assert won[0].mig_profile == "1g.10gb", results  # the GPU is in MIG mode: never booked whole
         assert all(isinstance(r, Conflict) for r in results if not isinstance(r, Reservation)), results
         services.reservation_cancel(reservation=won[0], actor=None, reason="next round")
 

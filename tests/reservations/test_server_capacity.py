@@ -21,6 +21,7 @@ from controlplane.reservations.selectors import (
     _server_counts,
     _shortlist,
     candidate_servers,
+    usable_whole_q,
 )
 from controlplane.reservations.specs import GpuSpec, Window
 from tests.reservations.fleet import gpu_model, hold, project, server
@@ -38,7 +39,7 @@ def summary() -> dict[tuple[int, int], tuple[str, bool, int, int]]:
 def counted() -> dict[tuple[int, int], tuple[str, bool, int, int]]:
     rows = (
         Gpu.objects.values("server_id", "model_id", "server__hostname", "server__state")
-        .annotate(n=Count("id", filter=Q(present=True, health=GpuHealth.HEALTHY)), g=Count("id"))
+        .annotate(n=Count("id", filter=usable_whole_q() & Q(present=True, health=GpuHealth.HEALTHY)), g=Count("id"))
         .order_by()
     )
     return {
@@ -60,7 +61,7 @@ def test_the_summary_follows_every_kind_of_write_to_gpus_and_servers() -> None:
     for step in range(60):
         gpu = Gpu.objects.order_by("?").first()
         assert gpu is not None
-        kind = step % 6
+        kind = step % 7
         if kind == 0:  # a health report, through the ORM's save()
             gpu.health = GpuHealth.UNHEALTHY if gpu.health == GpuHealth.HEALTHY else GpuHealth.HEALTHY
             gpu.save(update_fields=["health"])
@@ -77,6 +78,9 @@ def test_the_summary_follows_every_kind_of_write_to_gpus_and_servers() -> None:
             srv = rng.choice(servers)
             Server.objects.filter(pk=srv.pk).update(hostname=f"renamed-{step}")
             Gpu.objects.filter(server=srv).update(telemetry={"DCGM_FI_DEV_GPU_UTIL": step})
+        elif kind == 6:  # MIG mode on (booked by slices only), then off, then a GPU that cannot do MIG
+            mig = [{"current": True, "pending": True}, {"current": False, "pending": False}, None][step % 3]
+            Gpu.objects.filter(pk=gpu.pk).update(mig=mig)
         else:  # a GPU moved to another server, then one removed for good
             Gpu.objects.filter(pk=gpu.pk).update(server=rng.choice(servers), index=100 + step)
             if step % 12 == 5:
@@ -120,6 +124,8 @@ def test_the_summary_read_shortlists_what_the_read_over_every_gpu_does(seed: int
             Gpu.objects.filter(pk=gpu.pk).update(health=GpuHealth.UNHEALTHY)
         if rng.random() < 0.05:
             Gpu.objects.filter(pk=gpu.pk).update(present=False)
+        if rng.random() < 0.1:  # MIG mode on: booked by its slices, never whole
+            Gpu.objects.filter(pk=gpu.pk).update(mig={"current": True, "pending": True})
         if rng.random() < 0.5:
             start = now + timedelta(hours=rng.randint(-2, 6))
             hold(gpu, start, start + timedelta(hours=rng.choice([1, 2, 3])), proj=proj, active=rng.random() > 0.1)

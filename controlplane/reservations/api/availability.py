@@ -14,21 +14,41 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.accounts.selectors import projects_visible_to
-from controlplane.core.api.fields import AwareDateTimeField
+from controlplane.core.api.fields import AwareDateTimeField, StrictBooleanField
 from controlplane.core.api.query import query_data
 from controlplane.inventory.choices import GpuHealth, ServerState
-from controlplane.inventory.models import Gpu, Server
+from controlplane.inventory.models import Gpu, MigDevice, Server
+from controlplane.reservations import mig
 from controlplane.reservations.api.fields import GpuModelField, StartField
-from controlplane.reservations.api.serializers import SpecSerializer, spec_from
+from controlplane.reservations.api.serializers import BookingSpecSerializer, spec_from
 from controlplane.reservations.models import Reservation
 from controlplane.reservations.selectors import booking_proposal, free_for, timeline, unavailability
-from controlplane.reservations.specs import Window
-from controlplane.reservations.windows import earliest_window
+from controlplane.reservations.specs import GpuSpec, Window
+from controlplane.reservations.windows import earliest_booking
 
 MAX_TIMELINE_DAYS = 62
 
 
-class FreeQuerySerializer(SpecSerializer):
+class _QueryBooleanField(StrictBooleanField):
+    """true or false in a query string (which ``query_data`` hands over as a plain dict of text)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if data in ("true", "false"):
+            return data == "true"
+        return super().to_internal_value(data)
+
+
+class _AvailabilitySpecSerializer(BookingSpecSerializer):
+    """A booking's spec, slices included, read from a query string."""
+
+    slices = _QueryBooleanField(
+        required=False,
+        default=False,
+        help_text="With min_memory_mib: units may be MIG slices with at least that memory (as booking takes them).",
+    )
+
+
+class FreeQuerySerializer(_AvailabilitySpecSerializer):
     start = StartField(help_text='ISO 8601, or "now".')
     end = AwareDateTimeField()
 
@@ -39,7 +59,7 @@ class FreeQuerySerializer(SpecSerializer):
         return attrs
 
 
-class EarliestQuerySerializer(SpecSerializer):
+class EarliestQuerySerializer(_AvailabilitySpecSerializer):
     duration_hours = serializers.DecimalField(
         max_digits=8, decimal_places=3, min_value=Decimal("0.01"), max_value=Decimal(24 * 90)
     )
@@ -100,11 +120,40 @@ class TimelineGpuSerializer(serializers.Serializer):
     segments = TimelineSegmentSerializer(many=True)
 
 
-def _uuids(ids: list[int] | None) -> list[str] | None:
+def _uuids(ids: list[int] | None, *, slices: bool = False) -> list[str] | None:
     if ids is None:
         return None
-    by_id = dict(Gpu.objects.filter(pk__in=ids).values_list("pk", "uuid"))
+    by_id = dict((MigDevice if slices else Gpu).objects.filter(pk__in=ids).values_list("pk", "uuid"))
     return [by_id[i] for i in ids]
+
+
+_PROFILE_HELP = (
+    "For a slice spec (mig_profile, or slices by memory): the MIG profile answered, whose free slices and proposal "
+    "are MIG device uuids; null when the answer is whole GPUs."
+)
+
+
+def _free_slices(spec: GpuSpec, window: Window) -> dict[str, Any] | None:
+    """The free answer for a slice spec, by the booking rule (``mig.first_fit``): the first profile that fits,
+    else, for a ``mig_profile``, its free slices with no proposal. None: slices by memory that no profile
+    fits, which whole GPUs answer."""
+    fit = mig.first_fit(spec, window)
+    if fit is not None:
+        profile_spec, free, chosen = fit
+    elif spec.mig_profile is not None:
+        profile_spec, free, chosen = spec, mig.free_slices(spec, window), None
+    else:
+        return None
+    uuid_of = dict(MigDevice.objects.filter(pk__in=[s.id for s in free]).values_list("pk", "uuid"))
+    by_host: dict[str, list[str]] = {}
+    for slot in sorted(free, key=lambda s: (s.hostname, s.gpu_index, s.start)):
+        by_host.setdefault(slot.hostname, []).append(uuid_of[slot.id])
+    return {
+        "free_gpus": len(free),
+        "servers": [{"hostname": host, "free": uuids, "whole": False} for host, uuids in by_host.items()],
+        "proposal": [uuid_of[i] for i in chosen] if chosen else None,
+        "mig_profile": profile_spec.mig_profile,
+    }
 
 
 class FreeView(APIView):
@@ -114,7 +163,7 @@ class FreeView(APIView):
         responses=inline_serializer(
             "FreeAnswer",
             {
-                "free_gpus": serializers.IntegerField(),
+                "free_gpus": serializers.IntegerField(help_text="Free GPUs; for a slice answer, free slices."),
                 "servers": serializers.ListField(child=serializers.DictField()),
                 "proposal": serializers.ListField(
                     child=serializers.CharField(),
@@ -122,6 +171,7 @@ class FreeView(APIView):
                     help_text="UUIDs of the GPUs a booking of this spec and window made now would get "
                     "(the placement booking runs, as a dry run); null when it does not fit.",
                 ),
+                "mig_profile": serializers.CharField(allow_null=True, help_text=_PROFILE_HELP),
             },
         ),
     )
@@ -130,6 +180,11 @@ class FreeView(APIView):
         query.is_valid(raise_exception=True)
         data = query.validated_data
         spec, window = spec_from(data), Window(data["start"], data["end"])
+        if spec.mig_profile is not None or spec.slices:
+            sliced = _free_slices(spec, window)
+            if sliced is not None:
+                return Response({"start": data["start"], "end": data["end"], **sliced})
+            spec = spec.whole_only  # slices by memory that no profile fits: whole GPUs, as booking takes
         summary = free_for(spec, window)
         # The proposal is what booking itself would choose (its reads and its rule), so the portal can draw it.
         proposal = booking_proposal(spec, window) if summary.proposal else None
@@ -148,6 +203,7 @@ class FreeView(APIView):
                     for s in sorted(summary.servers, key=lambda s: s.hostname)
                 ],
                 "proposal": [uuid_of[i] for i in proposal] if proposal else None,
+                "mig_profile": None,
             }
         )
 
@@ -162,7 +218,10 @@ class EarliestView(APIView):
                 "found": serializers.BooleanField(),
                 "start": serializers.DateTimeField(allow_null=True),
                 "end": serializers.DateTimeField(allow_null=True),
-                "gpus": serializers.ListField(child=serializers.CharField()),
+                "gpus": serializers.ListField(
+                    child=serializers.CharField(), help_text="GPU uuids; MIG device uuids for a slice answer."
+                ),
+                "mig_profile": serializers.CharField(allow_null=True, help_text=_PROFILE_HELP),
             },
         ),
     )
@@ -170,16 +229,24 @@ class EarliestView(APIView):
         query = EarliestQuerySerializer(data=query_data(request, EarliestQuerySerializer))
         query.is_valid(raise_exception=True)
         data = query.validated_data
-        found = earliest_window(
+        found = earliest_booking(
             spec_from(data),
             duration=timedelta(hours=float(data["duration_hours"])),
             within=timedelta(days=data["within_days"]),
             now=timezone.now(),
         )
         if found is None:
-            return Response({"found": False, "start": None, "end": None, "gpus": []})
-        window, gpu_ids = found
-        return Response({"found": True, "start": window.starts_at, "end": window.ends_at, "gpus": _uuids(gpu_ids)})
+            return Response({"found": False, "start": None, "end": None, "gpus": [], "mig_profile": None})
+        window, ids, profile = found
+        return Response(
+            {
+                "found": True,
+                "start": window.starts_at,
+                "end": window.ends_at,
+                "gpus": _uuids(ids, slices=profile is not None),
+                "mig_profile": profile,
+            }
+        )
 
 
 class TimelineView(APIView):

@@ -52,6 +52,21 @@ class SpecSerializer(serializers.Serializer):
     gpu_count = serializers.IntegerField(min_value=1, max_value=_GPU_COUNT_MAX, required=False, allow_null=True)
     whole_servers = serializers.IntegerField(min_value=1, max_value=_WHOLE_SERVERS_MAX, required=False, allow_null=True)
 
+    # The queue's searches (scheduling) do not cover slices: there a slice field is refused by name rather
+    # than ignored, which would queue whole GPUs for a request that asked for slices.
+    takes_slices = False
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not self.takes_slices and isinstance(data, dict):
+            errors = {
+                name: ["The queue does not take MIG slices yet; book them with POST /api/v1/reservations/."]
+                for name in ("mig_profile", "slices")
+                if data.get(name) not in (None, False, "", "false")
+            }
+            if errors:
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors = {}
         if (attrs.get("gpu_model") is None) == (attrs.get("min_memory_mib") is None):
@@ -64,10 +79,13 @@ class SpecSerializer(serializers.Serializer):
 
 
 class BookingSpecSerializer(SpecSerializer):
-    """A booking's spec: also MIG slices, a profile and a count (docs/fractional.md, "Booking slices").
+    """A booking's spec: also MIG slices, a profile and a count (docs/fractional.md, "Booking slices"), or a
+    minimum memory that slices may meet (``slices``, "Slices by memory").
 
-    Only booking takes a profile; the availability reads and the queue take the GPU specs alone (their
-    searches do not cover slices yet), so there a ``mig_profile`` is not a field."""
+    Booking and the availability reads take slices; the queue takes the GPU specs alone (its search does
+    not cover slices yet) and refuses a slice field by name."""
+
+    takes_slices = True
 
     mig_profile = serializers.RegexField(
         MIG_PROFILE_RE.pattern,
@@ -78,8 +96,27 @@ class BookingSpecSerializer(SpecSerializer):
         error_messages={"invalid": 'Not a MIG profile name; give one as nvidia-smi names it, e.g. "1g.10gb".'},
     )
 
+    slices = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="With min_memory_mib: each of gpu_count units may be a MIG slice with at least that memory, on "
+        "the smallest MIG profile that has them free, else a whole GPU. The answer's spec says which was booked.",
+    )
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors = {}
+        if attrs.get("slices"):
+            if attrs.get("mig_profile") is not None:
+                errors["slices"] = ["A MIG profile books slices already; give slices with a minimum memory instead."]
+            elif attrs.get("min_memory_mib") is None or attrs.get("gpu_model") is not None:
+                errors["slices"] = ["Slices are asked for by a minimum memory (spec.min_memory_mib), not a model."]
+            if attrs.get("whole_servers") is not None:
+                errors["whole_servers"] = ["Slices are booked by count (spec.gpu_count), not as whole servers."]
+            elif attrs.get("gpu_count") is None:
+                errors["gpu_count"] = ["Give the number of units to book."]
+            if errors:
+                raise serializers.ValidationError(errors)
+            return attrs
         if attrs.get("mig_profile") is not None:
             if attrs.get("gpu_model") is not None or attrs.get("min_memory_mib") is not None:
                 errors["mig_profile"] = [
@@ -103,6 +140,7 @@ def spec_from(data: dict[str, Any]) -> GpuSpec:
         gpu_count=data.get("gpu_count"),
         whole_servers=data.get("whole_servers"),
         mig_profile=data.get("mig_profile"),  # a BookingSpecSerializer's only
+        slices=bool(data.get("slices")),
     )
 
 

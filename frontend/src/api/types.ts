@@ -263,6 +263,8 @@ export interface FreeAnswer {
   free_gpus: number;
   servers: { hostname: string; free: string[]; whole: boolean }[];
   proposal: string[] | null;
+  // A slice search's profile (free and proposal are then MIG device uuids); null for whole GPUs.
+  mig_profile: string | null;
 }
 
 export interface EarliestAnswer {
@@ -270,6 +272,7 @@ export interface EarliestAnswer {
   start: string | null;
   end: string | null;
   gpus: string[];
+  mig_profile: string | null;
 }
 
 export interface ApiToken {
