@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from controlplane.accounting.models import GpuUsageHour
 from controlplane.accounting.rollup import rollup_pending
 from controlplane.accounting.selectors import fleet_report
 from controlplane.dispatch.choices import LaunchState
@@ -186,6 +187,16 @@ def test_the_report_by_gpu_model_shows_slices_beside_whole_gpus(api_client: Any,
     assert rows["H100-80GB"].credits == Decimal("2.0000")
     assert rows["H100-80GB 1g.10gb"].credits == Decimal("0.2500")
     assert rows["H100-80GB 1g.10gb"].held_s == pytest.approx(7200) and rows["H100-80GB"].held_s == pytest.approx(7200)
+    # An hour at 300 W on each GPU: the slice takes its 1/8 of its parent's energy, the rest of that GPU is unheld
+    # (in the model's whole row, as unheld GPUs are), and the utilization it shows is its parent's.
+    assert rows["H100-80GB 1g.10gb"].energy_wh == pytest.approx(37.5)
+    assert rows["H100-80GB"].energy_wh == pytest.approx(300 + 262.5)
+    assert rows["H100-80GB 1g.10gb"].util_mean == pytest.approx(80.0)
+    by_gpu = GpuUsageHour.objects.filter(gpu=sliced.allocations.get().gpu, hour=at("2025-03-10 10:00"))
+    assert sorted((h.reservation_id is None, h.energy_wh, h.power_mean_w) for h in by_gpu) == [
+        (False, pytest.approx(37.5), pytest.approx(37.5)),
+        (True, pytest.approx(262.5), pytest.approx(262.5)),
+    ]
     api_client.force_authenticate(OperatorFactory())
     csv = api_client.get(
         "/api/v1/usage/fleet", {"group_by": "gpu_model", "start": "2025-03-01", "end": "2025-04-01", "format": "csv"}
