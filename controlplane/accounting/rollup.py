@@ -165,14 +165,14 @@ def rollup_hour(*, hour: datetime, upto: datetime) -> int:
             left = 1.0 - sum(share for _, _, share in mine.values())
             parts = [*mine.values(), *([(None, 0.0, left)] if left > 1e-9 else [])]
         joules, counter = _minute_energy_j(row, prev)
-        for held, seconds, share in parts:
-            acc = acc_for(row.gpu_id, held)
+        for holder, seconds, share in parts:
+            acc = acc_for(row.gpu_id, holder)
             acc.minutes += 1
             util = row.util_avg
             if util is not None:
                 acc.util_minutes += 1
                 acc.util_sum += util
-                if held is not None and util < threshold:
+                if holder is not None and util < threshold:
                     acc.idle_s += seconds
             acc.util_max = _max(acc.util_max, row.util_max)
             acc.fb_max = _max(acc.fb_max, row.fb_used_max_mib)
