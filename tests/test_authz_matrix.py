@@ -451,6 +451,7 @@ def _fleet_refs(world: World) -> dict[str, object]:
     site = Site.objects.create(name="dc-matrix")
     rack = Rack.objects.create(site=site, name="r-matrix")
     unused = GpuModel.objects.create(name="L4-24GB", product_name="NVIDIA L4", memory_mib=23034)
+    unused.mig_profiles.create(name="1g.10gb", memory_mib=9856, compute_slices=1, memory_slices=1)
     server = Server.objects.exclude(hostname="node-matrix").get()
     gpu = Gpu.objects.filter(server=server).order_by("index").first()
     assert gpu is not None
@@ -460,6 +461,7 @@ def _fleet_refs(world: World) -> dict[str, object]:
         "site": site.pk,
         "rack": rack.pk,
         "gpu_model": unused.pk,
+        "mig_profile": "1g.10gb",
         "server": server.pk,
         "node": Server.objects.get(hostname="node-matrix").pk,
         "gpu": gpu.pk,
@@ -482,6 +484,7 @@ VISIBLE_TO.update(
         "site": EVERYONE,
         "rack": EVERYONE,
         "gpu_model": EVERYONE,
+        "mig_profile": EVERYONE,
         "server": EVERYONE,
         "node": EVERYONE,
         "gpu": EVERYONE,
@@ -490,6 +493,7 @@ VISIBLE_TO.update(
     }
 )
 MISSING.update({ref: 999_999 for ref in ("site", "rack", "gpu_model", "server", "node", "gpu", "join_token")})
+MISSING["mig_profile"] = "9g.99gb"
 OPERATORS_READ = dict(owner=403, teammate=403, viewer=403, outsider=403, operator=200)
 OPERATORS_DELETE = dict(owner=403, teammate=403, viewer=403, outsider=403, operator=204)
 NOBODY_BUT_THE_AGENT = dict(owner=401, teammate=401, viewer=401, outsider=401, operator=401, anonymous=401, agent=200)
@@ -519,6 +523,7 @@ ROWS.extend(
         row("GET", MODEL, **ANY_USER),
         row("PUT", MODEL, body=MODEL_BODY, **OPERATORS_WRITE),
         row("PATCH", MODEL, body={"memory_mib": 24000}, **OPERATORS_WRITE),
+        row("PATCH", f"{MODEL}mig-profiles/{{mig_profile}}/", body={"billing_weight": "0.3"}, **OPERATORS_WRITE),
         row("DELETE", MODEL, **OPERATORS_DELETE),
         row("GET", "/api/v1/servers/", **ANY_USER),
         row("GET", "/api/v1/servers/{server}/", **ANY_USER),

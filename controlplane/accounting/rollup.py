@@ -6,6 +6,10 @@ hour the watermark points at is redone on every run until it is complete. Its ro
 
 Attribution: held time is exact (allocation periods cut at the hour's edges); a telemetry minute goes to the
 allocation covering most of it, so a hand-over between reservations inside a minute gives that minute to one.
+A GPU cut into MIG slices reports one reading for all of them (the agent samples GPUs, not MIG devices): when
+the allocation covering most of a minute is a slice, the minute goes to every slice covering it, each with its
+share of the energy and power (memory slices / 8) and the parent's utilization, memory and profiling readings
+as they are; the share no slice holds goes to the GPU's unheld row, so the GPU's energy adds up.
 Energy of a minute: the driver's energy counter difference to the previous minute where both have it (exact,
 and a counter reset - a negative difference - falls back); else the mean power times the minute.
 """
@@ -42,6 +46,7 @@ class _Held:
     user_id: int | None
     start: datetime
     end: datetime
+    share: float = 1.0  # of the GPU: 1, or a MIG slice's memory slices / 8
 
 
 # The minute rows' profiling columns (fleet.GpuTelemetryMinute), by prefix.
@@ -97,7 +102,14 @@ def _holds(start: datetime, end: datetime) -> dict[int, list[_Held]]:
         if held is None or held[1] <= start or held[0] >= end:
             continue
         out[a.gpu_id].append(
-            _Held(a.reservation_id, a.reservation.project_id, a.reservation.created_by_id, held[0], held[1])
+            _Held(
+                a.reservation_id,
+                a.reservation.project_id,
+                a.reservation.created_by_id,
+                held[0],
+                held[1],
+                float(a.slice_fraction),
+            )
         )
     return out
 
@@ -134,31 +146,46 @@ def rollup_hour(*, hour: datetime, upto: datetime) -> int:
             continue  # only read as the previous minute of the hour's first
         m_end = row.minute + MINUTE
         best, best_s = None, 0.0
+        covering: list[tuple[_Held, float]] = []
         for held in holds.get(row.gpu_id, ()):
             seconds = overlap_s(held.start, held.end, row.minute, m_end)
+            if seconds > 0:
+                covering.append((held, seconds))
             if seconds > best_s:
                 best, best_s = held, seconds
-        acc = acc_for(row.gpu_id, best)
-        acc.minutes += 1
-        util = row.util_avg
-        if util is not None:
-            acc.util_minutes += 1
-            acc.util_sum += util
-            if best is not None and util < threshold:
-                acc.idle_s += best_s
-        acc.util_max = _max(acc.util_max, row.util_max)
-        acc.fb_max = _max(acc.fb_max, row.fb_used_max_mib)
-        if row.power_avg_w is not None:
-            acc.power_minutes += 1
-            acc.power_sum += row.power_avg_w
-        for prefix in _PROF:
-            mean = getattr(row, f"{prefix}_avg")
-            if mean is not None:
-                acc.prof[prefix][0] += 1
-                acc.prof[prefix][1] += mean
+        parts: list[tuple[_Held | None, float, float]] = [(best, best_s, 1.0)]
+        if best is not None and best.share < 1:
+            # MIG slices: each covering slice takes its share; what none holds stays the GPU's, unheld.
+            # A reservation's slices of one GPU are one row: their shares add up, the minute counts once.
+            mine: dict[int, tuple[_Held, float, float]] = {}
+            for held, seconds in covering:
+                if held.share < 1:
+                    _, was_s, was_share = mine.get(held.reservation_id, (held, 0.0, 0.0))
+                    mine[held.reservation_id] = (held, max(was_s, seconds), was_share + held.share)
+            left = 1.0 - sum(share for _, _, share in mine.values())
+            parts = [*mine.values(), *([(None, 0.0, left)] if left > 1e-9 else [])]
         joules, counter = _minute_energy_j(row, prev)
-        acc.energy_j += joules
-        acc.from_counter = acc.from_counter or counter
+        for holder, seconds, share in parts:
+            acc = acc_for(row.gpu_id, holder)
+            acc.minutes += 1
+            util = row.util_avg
+            if util is not None:
+                acc.util_minutes += 1
+                acc.util_sum += util
+                if holder is not None and util < threshold:
+                    acc.idle_s += seconds
+            acc.util_max = _max(acc.util_max, row.util_max)
+            acc.fb_max = _max(acc.fb_max, row.fb_used_max_mib)
+            if row.power_avg_w is not None:
+                acc.power_minutes += 1
+                acc.power_sum += row.power_avg_w * share
+            for prefix in _PROF:
+                mean = getattr(row, f"{prefix}_avg")
+                if mean is not None:
+                    acc.prof[prefix][0] += 1
+                    acc.prof[prefix][1] += mean
+            acc.energy_j += joules * share
+            acc.from_counter = acc.from_counter or counter
 
     models = dict(Gpu.objects.filter(pk__in={gpu_id for gpu_id, _ in accs}).values_list("pk", "model_id"))
     rows = []

@@ -16,9 +16,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Exists, F, FloatField, IntegerField, OuterRef, QuerySet, Sum
+from django.db.models import Exists, F, FloatField, IntegerField, OuterRef, QuerySet, Sum, Value
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, TruncDay, TruncHour
+from django.db.models.functions import Cast, Coalesce, TruncDay, TruncHour
 from django.utils import timezone
 
 from controlplane.accounting.choices import Bucket, FleetGroupBy, GroupBy
@@ -35,10 +35,11 @@ from controlplane.accounting.services import allocation_held, launch_intervals
 from controlplane.accounting.timeutil import split_by_hour
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import projects_visible_to
-from controlplane.inventory.models import GpuModel
+from controlplane.inventory.models import GpuModel, price_for_weight
 from controlplane.ledger.choices import EntryKind
 from controlplane.ledger.models import LedgerEntry
 from controlplane.ledger.services import STORAGE_DATA_KIND, hour_key_for
+from controlplane.reservations import costs
 from controlplane.reservations.models import Allocation, Reservation
 
 ZERO = Decimal("0")
@@ -59,6 +60,7 @@ COLUMNS = (
     "credits",
     "cost",
     "currency",
+    "unit",
 )
 
 
@@ -79,6 +81,8 @@ class ReportRow:
     energy_wh: float = 0.0
     credits: Decimal = ZERO
     costs: dict[str, Decimal] = field(default_factory=dict)
+    # Grouped by GPU model: "gpu" for whole GPUs, the MIG profile ("1g.10gb") for slices; "" otherwise.
+    unit: str = ""
     # Still settling: a reservation not yet settled (figures so far, credits estimated) or an hour the
     # telemetry rollup has not finished (utilization, idle time and energy may still change).
     provisional: bool = False
@@ -118,6 +122,7 @@ class ReportRow:
             "currency": currencies[0] if len(currencies) == 1 else ("" if not currencies else "mixed"),
             "costs": {c: self.costs[c] for c in currencies},
             "provisional": self.provisional,
+            "unit": self.unit,
         }
 
 
@@ -221,8 +226,28 @@ def _group_expr(group_by: str) -> Any:
     return F(columns[group_by])
 
 
+# Grouped by GPU model, slices are rows of their own beside their model's whole GPUs: the group is the pair
+# (GPU model, the reservation's MIG profile, "" for a whole-GPU booking). A reservation books one profile.
+WHOLE_GPU = "gpu"
+
+
+def _unit_split(group_by: str) -> bool:
+    return group_by == GroupBy.GPU_MODEL
+
+
+def _unit_expr() -> Any:
+    return Coalesce(F("reservation__mig_profile"), Value(""))
+
+
 def _labels(group_by: str, keys: set[Any]) -> dict[Any, tuple[str, str]]:
     """(key, label) per group value, with one small query for names."""
+    if _unit_split(group_by):
+        names = dict(GpuModel.objects.filter(pk__in={k[0] for k in keys}).values_list("pk", "name"))
+        out: dict[Any, tuple[str, str]] = {}
+        for model_id, unit in keys:
+            name = " ".join(filter(None, (names.get(model_id, str(model_id)), unit)))
+            out[(model_id, unit)] = (name, name)
+        return out
     ids = [k for k in keys if k is not None]
     if group_by in (GroupBy.DAY, Bucket.DAY):
         return {k: (k.date().isoformat(), k.date().isoformat()) for k in ids}
@@ -247,21 +272,24 @@ def _labels(group_by: str, keys: set[Any]) -> dict[Any, tuple[str, str]]:
 
 def _aggregate(*, slices: QuerySet[UsageSlice], hours: QuerySet[GpuUsageHour], group_by: str) -> dict[Any, ReportRow]:
     group = _group_expr(group_by)
+    split = _unit_split(group_by)
+    # The unit (and its join to the reservation) only where the grouping splits by it.
+    units = {"u": _unit_expr()} if split else {}
     rows: dict[Any, ReportRow] = defaultdict(lambda: ReportRow(key="", label=""))
     for r in (
-        slices.annotate(g=group)
-        .values("g", "currency")
+        slices.annotate(g=group, **units)
+        .values("g", *units, "currency")
         .order_by()
         .annotate(booked=Sum("booked_s"), used=Sum("used_s"), credits=Sum("credits"), cost=Sum("cost"))
     ):
-        row = rows[r["g"]]
+        row = rows[(r["g"], r["u"]) if split else r["g"]]
         row.booked_s += r["booked"] or 0.0
         row.used_s += r["used"] or 0.0
         row.credits += r["credits"] or ZERO
         row.costs[r["currency"]] = row.costs.get(r["currency"], ZERO) + (r["cost"] or ZERO)
     for h in (
-        hours.annotate(g=group)
-        .values("g")
+        hours.annotate(g=group, **units)
+        .values("g", *units)
         .order_by()
         .annotate(
             held=Sum("held_s"),
@@ -271,7 +299,7 @@ def _aggregate(*, slices: QuerySet[UsageSlice], hours: QuerySet[GpuUsageHour], g
             uweighted=Sum(F("util_mean") * Cast("util_minutes", FloatField())),
         )
     ):
-        row = rows[h["g"]]
+        row = rows[(h["g"], h["u"]) if split else h["g"]]
         row.held_s += h["held"] or 0.0
         row.idle_s += h["idle"] or 0.0
         row.energy_wh += h["energy"] or 0.0
@@ -288,6 +316,8 @@ def _finish(rows: dict[Any, ReportRow], group_by: str) -> tuple[list[ReportRow],
         row.credits = row.credits.quantize(Decimal("0.0001"))
         row.costs = {c: a.quantize(Decimal("0.0001")) for c, a in row.costs.items()}
         row.key, row.label = labels.get(value, (str(value), str(value)))
+        if _unit_split(group_by):
+            row.unit = value[1] or WHOLE_GPU
         total.add(row)
         out.append(row)
     out.sort(key=lambda r: (r.key == "", r.key))
@@ -309,6 +339,7 @@ class UnsettledPart:
     reservation_id: int
     user_id: int | None
     gpu_model_id: int
+    unit: str  # the reservation's MIG profile, "" for whole GPUs
     booked_s: float
     used_s: float
     credits: Decimal
@@ -335,8 +366,10 @@ def unsettled_parts(
     )
     if project is not None:
         allocations = allocations.filter(reservation__project=project)
+    found = list(allocations)
+    costs.load_weights(found)
     by_reservation: dict[int, list[Allocation]] = defaultdict(list)
-    for allocation in allocations:
+    for allocation in found:
         by_reservation[allocation.reservation_id].append(allocation)
     parts: list[UnsettledPart] = []
     for held_gpus in by_reservation.values():
@@ -356,8 +389,9 @@ def unsettled_parts(
                 for hour, seconds in split_by_hour(a, b) if b > a else ():
                     used[hour] += seconds
             model = allocation.gpu.model
-            # A MIG slice is worth its share of the GPU (reservations.costs.weight), in credits and in price.
-            fraction = allocation.slice_fraction
+            # A MIG slice is worth its weight (reservations.costs.weight), in credits and, scaled alike, in price.
+            weight = costs.weight(allocation)
+            price = price_for_weight(model, weight, allocation.slice_end - allocation.slice_start)
             for hour in sorted(set(booked) | set(used)):
                 used_s = used.get(hour, 0.0)
                 gpu_hours = Decimal(repr(used_s)) / Decimal(3600)
@@ -368,10 +402,11 @@ def unsettled_parts(
                         reservation_id=reservation.pk,
                         user_id=reservation.created_by_id,
                         gpu_model_id=model.pk,
+                        unit=reservation.mig_profile,
                         booked_s=booked.get(hour, 0.0),
                         used_s=used_s,
-                        credits=(model.billing_weight * fraction * gpu_hours).quantize(MONEY_PLACES),
-                        cost=(model.price_per_gpu_hour * fraction * gpu_hours).quantize(MONEY_PLACES),
+                        credits=(weight * gpu_hours).quantize(MONEY_PLACES),
+                        cost=(price * gpu_hours).quantize(MONEY_PLACES),
                         currency=model.currency,
                     )
                 )
@@ -384,6 +419,8 @@ def _part_key(part: UnsettledPart, group_by: str) -> Any:
         return part.hour.replace(hour=0)
     if group_by == Bucket.HOUR:
         return part.hour
+    if _unit_split(group_by):
+        return (part.gpu_model_id, part.unit)
     keys: dict[str, int | None] = {
         GroupBy.USER: part.user_id,
         GroupBy.GPU_MODEL: part.gpu_model_id,
@@ -411,6 +448,12 @@ def _settling(
         row.costs[part.currency] = row.costs.get(part.currency, ZERO) + part.cost
         row.provisional = True
     unfinished = hours if mark is None else hours.filter(hour__gte=mark)
+    if _unit_split(group_by):
+        for pair in (
+            unfinished.annotate(g=_group_expr(group_by), u=_unit_expr()).order_by().values_list("g", "u").distinct()
+        ):
+            rows[pair].provisional = True
+        return
     for value in unfinished.annotate(g=_group_expr(group_by)).order_by().values_list("g", flat=True).distinct():
         rows[value].provisional = True
 

@@ -156,6 +156,7 @@ def usage_record_reservation(*, reservation: Reservation) -> list[UsageRecord]:
     allocations = list(current.allocations.select_related("gpu__model", "mig_device").order_by("gpu_id", "slice_start"))
     if not allocations:
         return []
+    costs.load_weights(allocations)
     final = (
         ReservationEvent.objects.filter(reservation=current, to_state__in=list(FINAL_STATES))
         .order_by("-at", "-id")

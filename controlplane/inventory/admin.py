@@ -10,7 +10,7 @@ from django.http import HttpRequest
 
 from controlplane.core.errors import DomainError
 from controlplane.inventory.choices import ServerState
-from controlplane.inventory.models import Gpu, GpuModel, Rack, Server, ServerEvent, Site
+from controlplane.inventory.models import Gpu, GpuModel, GpuModelMigProfile, Rack, Server, ServerEvent, Site
 from controlplane.inventory.services import server_set_state
 
 
@@ -27,10 +27,17 @@ class RackAdmin(admin.ModelAdmin):
     search_fields = ["name", "site__name"]
 
 
+class GpuModelMigProfileInline(admin.TabularInline):
+    model = GpuModelMigProfile
+    extra = 0
+    fields = ["name", "memory_mib", "compute_slices", "memory_slices", "billing_weight"]
+
+
 @admin.register(GpuModel)
 class GpuModelAdmin(admin.ModelAdmin):
     list_display = ["name", "product_name", "memory_mib", "price_per_gpu_hour", "currency", "billing_weight"]
     search_fields = ["name", "product_name"]
+    inlines = [GpuModelMigProfileInline]
 
 
 class GpuInline(admin.TabularInline):

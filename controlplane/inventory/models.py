@@ -104,6 +104,82 @@ class GpuModel(models.Model):
         return known_tdp_watts(self.product_name or self.name)
 
 
+# A GPU has eight memory slices (docs/fractional.md, "Profiles"): a whole-GPU allocation covers all of them, and
+# a MIG profile's share of the GPU is its memory slices out of these.
+GPU_MEMORY_SLICES = 8
+
+
+def slice_weight(model_weight: Decimal, memory_slices: int, override: Decimal | None = None) -> Decimal:
+    """The billing weight of one MIG slice: the catalog profile's override where an operator set one, else its
+    GPU model's weight times its share of the GPU's memory slices (``memory_slices / 8``)."""
+    if override is not None:
+        return Decimal(override)
+    return Decimal(model_weight) * Decimal(memory_slices) / GPU_MEMORY_SLICES
+
+
+class GpuModelMigProfile(models.Model):
+    """A MIG profile of a catalog GPU model: what a slice of it is, and what it weighs when rented.
+
+    ``billing_weight`` null (the default) means the profile's fraction of the GPU (``slice_weight``); a value
+    replaces that fraction for every slice of this profile on GPUs of this model."""
+
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.CASCADE, related_name="mig_profiles")
+    name = models.CharField(max_length=32, help_text='As nvidia-smi names it, e.g. "1g.10gb".')
+    memory_mib = models.PositiveIntegerField()
+    compute_slices = models.PositiveSmallIntegerField()
+    memory_slices = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(GPU_MEMORY_SLICES)]
+    )
+    billing_weight = models.DecimalField(
+        max_digits=8,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Credits per hour of one slice; null: the GPU model's weight x memory slices / 8.",
+    )
+
+    class Meta:
+        ordering = ["gpu_model__name", "memory_slices", "compute_slices", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu_model", "name"], name="mig_profile_unique_name_per_model"),
+            models.CheckConstraint(
+                condition=models.Q(memory_slices__gte=1, memory_slices__lte=GPU_MEMORY_SLICES),
+                name="mig_profile_memory_slices_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model_id}: {self.name}"
+
+    @property
+    def effective_weight(self) -> Decimal:
+        return slice_weight(self.gpu_model.billing_weight, self.memory_slices, self.billing_weight)
+
+    @property
+    def price_per_hour(self) -> Decimal:
+        """The model's price scaled as the weight is: what the usage records' cost of an hour of it is."""
+        return price_for_weight(self.gpu_model, self.effective_weight, self.memory_slices)
+
+
+def price_for_weight(model: GpuModel, weight: Decimal, memory_slices: int) -> Decimal:
+    """The price of an hour of a unit of ``weight`` credits on ``model``: its price per GPU-hour times
+    ``weight`` over the model's weight (a model of weight 0 charges nothing in credits: then by memory share)."""
+    if model.billing_weight > 0:
+        return Decimal(model.price_per_gpu_hour) * Decimal(weight) / Decimal(model.billing_weight)
+    return Decimal(model.price_per_gpu_hour) * Decimal(memory_slices) / GPU_MEMORY_SLICES
+
+
+def mig_weight_override(model: GpuModel, profile: str) -> Decimal | None:
+    """The operator's weight for ``profile`` on ``model``, or None. Reads ``model.mig_profiles`` (prefetch it
+    where many allocations are priced), once per model instance."""
+    cached: dict[str, Decimal | None] | None = getattr(model, "_mig_overrides", None)
+    if cached is None:
+        cached = {p.name: p.billing_weight for p in model.mig_profiles.all()}
+        model._mig_overrides = cached  # type: ignore[attr-defined]
+    return cached.get(profile)
+
+
 def known_tdp_watts(product_name: str) -> int | None:
     for fragment, watts in KNOWN_TDP_WATTS:
         if fragment.lower() in product_name.lower():

@@ -8,12 +8,18 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.inventory.choices import GpuHealth, ServerState
-from controlplane.inventory.models import Gpu, Server
+from controlplane.inventory.models import Gpu, GpuModelMigProfile, Server
 
 
 def placeable_gpus() -> QuerySet[Gpu]:
     """GPUs a reservation may be placed on: healthy, present, on a ready server."""
     return Gpu.objects.filter(health=GpuHealth.HEALTHY, present=True, server__state=ServerState.READY)
+
+
+def mig_weight_overrides() -> QuerySet[GpuModelMigProfile]:
+    """The catalog's MIG profiles whose weight an operator set: all that pricing a slice needs to read
+    (``models.mig_weight_override``); a profile without an override weighs its memory share."""
+    return GpuModelMigProfile.objects.filter(billing_weight__isnull=False)
 
 
 def servers_visible_to_tenants() -> QuerySet[Server]:

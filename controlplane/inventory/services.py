@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -11,7 +13,7 @@ from django.utils import timezone
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.inventory import hooks
 from controlplane.inventory.choices import EventKind, MigChange, ServerState
-from controlplane.inventory.models import Gpu, Server, ServerEvent
+from controlplane.inventory.models import Gpu, GpuModel, GpuModelMigProfile, Server, ServerEvent
 
 NODE_LOSS_ACTOR = "system:node-loss"
 
@@ -103,3 +105,33 @@ def server_set_state(*, server: Server, to: str, actor: Any, reason: str) -> Ser
         hooks.server_retired(server, actor, f"server retired: {reason}")
     server.refresh_from_db()
     return server
+
+
+@transaction.atomic
+def mig_profiles_add(*, model: GpuModel, profiles: Iterable[tuple[str, int, int, int]]) -> list[str]:
+    """Add the MIG profiles ``(name, memory_mib, compute_slices, memory_slices)`` the catalog model lacks; a
+    profile already there, with any weight an operator set, is left as it is. Returns the names added."""
+    have = set(model.mig_profiles.values_list("name", flat=True))
+    new = [
+        GpuModelMigProfile(
+            gpu_model=model, name=name, memory_mib=memory_mib, compute_slices=compute, memory_slices=memory
+        )
+        for name, memory_mib, compute, memory in profiles
+        if name not in have
+    ]
+    for profile in new:
+        profile.full_clean()
+    GpuModelMigProfile.objects.bulk_create(new)
+    return [p.name for p in new]
+
+
+@transaction.atomic
+def mig_profile_set_weight(*, profile: GpuModelMigProfile, billing_weight: Decimal | None) -> GpuModelMigProfile:
+    """Set a catalog MIG profile's billing weight (credits per slice-hour); None returns it to the default, the
+    profile's share of its GPU model's weight. Bookings, extensions and charges from now on price by it."""
+    if billing_weight is not None and billing_weight < 0:
+        raise ValidationFailed(
+            "A billing weight cannot be negative.", fields={"billing_weight": ["Must be 0 or more."]}
+        )
+    GpuModelMigProfile.objects.filter(pk=profile.pk).update(billing_weight=billing_weight)
+    return GpuModelMigProfile.objects.select_related("gpu_model").get(pk=profile.pk)

@@ -1,7 +1,7 @@
 """What a reservation costs: its rate, what it has used so far, and what the ledger charged once it ended.
 
-One rule for every figure: a GPU costs its model's billing weight (a MIG slice: that weight times its share of
-the GPU's eight memory slices, ``weight``) times the reservation's
+One rule for every figure: a GPU costs its model's billing weight (a MIG slice: its catalog profile's weight,
+by default that weight times its share of the GPU's eight memory slices, ``weight``) times the reservation's
 ``credit_multiplier`` (its queue class's: 1.5 for high, 0.5 for preemptible; ``rate``) in credits per hour
 it is held, from its allocation's start to its end, its release or now, whichever comes first.
 ``held_seconds`` and ``held_credits`` are that rule; the ledger settles with them too when nothing was measured
@@ -10,14 +10,17 @@ it is held, from its allocation's start to its end, its release or now, whicheve
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import DecimalField, OuterRef, Subquery, Sum
+from django.db.models import DecimalField, OuterRef, Prefetch, Subquery, Sum, prefetch_related_objects
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from controlplane.inventory.models import GPU_MEMORY_SLICES, mig_weight_override, slice_weight
+from controlplane.inventory.selectors import mig_weight_overrides
 from controlplane.ledger.choices import EntryKind
 from controlplane.ledger.models import LedgerEntry
 from controlplane.ledger.services import credits
@@ -52,15 +55,32 @@ def gpu_hours(seconds: float) -> Decimal:
 
 
 def weight(allocation: Any) -> Decimal:
-    """The billing weight an allocation is charged by: its GPU model's, times the share of the GPU it holds
-    (1 for a whole GPU; memory slices / 8 for a MIG slice, so ``1g.10gb`` on an H100 is 1/8 of its weight).
+    """The billing weight an allocation is charged by: its GPU model's for a whole GPU; for a MIG slice, the
+    catalog profile's override where an operator set one (``GpuModelMigProfile.billing_weight``), else the
+    model's weight times the share of the GPU's memory slices it holds (``inventory.models.slice_weight``: a
+    ``1g.10gb`` on an H100 is 1/8 of its weight).
 
     Memory slices rather than compute slices (of seven): memory is what a slice takes from the others, the
     eighth memory slice has no compute slice of its own, and only by memory do a GPU's slices add up to the
-    whole, so a GPU cut into slices earns what it earns whole.
+    whole, so a GPU cut into slices earns what it earns whole. Whole GPUs read nothing more; a slice reads its
+    model's profiles once per model instance (prefetched where many are priced).
     """
-    fraction = Decimal(allocation.slice_end - allocation.slice_start) / 8
-    return Decimal(allocation.gpu.model.billing_weight) * fraction
+    model = allocation.gpu.model
+    memory_slices = allocation.slice_end - allocation.slice_start
+    if allocation.mig_device_id is None:
+        return Decimal(model.billing_weight) * Decimal(memory_slices) / GPU_MEMORY_SLICES
+    override = mig_weight_override(model, allocation.mig_device.profile)
+    return slice_weight(model.billing_weight, memory_slices, override)
+
+
+def load_weights(allocations: Sequence[Any]) -> None:
+    """Load what ``weight`` reads for slices, their MIG devices and their GPU models' overrides, in at most two
+    reads for all of ``allocations`` (none when every one is a whole GPU, or is loaded already)."""
+    slices = [a for a in allocations if a.mig_device_id is not None]
+    if slices:
+        prefetch_related_objects(
+            slices, "mig_device", Prefetch("gpu__model__mig_profiles", queryset=mig_weight_overrides())
+        )
 
 
 def rate(weight: Decimal, reservation: Any) -> Decimal:

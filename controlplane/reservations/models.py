@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Project
 from controlplane.core.models import StateChangeEvent
-from controlplane.inventory.models import Gpu, GpuModel, MigDevice, Server
+from controlplane.inventory.models import GPU_MEMORY_SLICES, Gpu, GpuModel, MigDevice, Server
 from controlplane.reservations.choices import NetworkMode, ReservationState
 
 
@@ -105,10 +105,6 @@ class Reservation(models.Model):
             errors["gpu_count"] = ["Give a GPU count or a number of whole servers, not both."]
         if errors:
             raise ValidationError(errors)
-
-
-# A GPU has eight memory slices (docs/fractional.md, "Profiles"); a whole-GPU allocation covers all of them.
-GPU_MEMORY_SLICES = 8
 
 
 class Allocation(models.Model):

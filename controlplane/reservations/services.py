@@ -310,6 +310,7 @@ def reservation_create(
     gpus, allocations = _place_and_allocate(reservation, spec=spec, window=window, now=now, actor=actor)
     hours = _hours(window.seconds)
     # By allocation, so a slice is charged its share of its GPU (costs.weight).
+    costs.load_weights(allocations)
     needed = credits(sum((costs.rate(costs.weight(a), reservation) for a in allocations), Decimal(0)) * hours)
     warnings = check_quota(
         project_id=project.pk,
@@ -372,6 +373,7 @@ def reservation_create(
         Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model", "mig_device")),
         "events",
     )
+    costs.load_weights(list(reservation.allocations.all()))
     reservation.warnings = warnings  # type: ignore[attr-defined]  # a budget that warns: shown in the response
     _dispatch_booked(reservation, now=now)
     return reservation
@@ -637,6 +639,7 @@ def _extension_plan(
     extra_hours = _hours(extra.seconds)
     for a in allocations:
         a.gpu = gpus[a.gpu_id]  # loaded above with its model: what costs.weight reads
+    costs.load_weights(allocations)
     needed = credits(sum((costs.rate(costs.weight(a), current) for a in allocations), Decimal(0)) * extra_hours)
     warnings = check_quota(
         project_id=current.project_id,
@@ -660,11 +663,9 @@ def extend_quote(*, reservation: Reservation, ends_at: datetime, now: datetime |
     """What extending to ``ends_at`` would cost and whether it would be allowed now, by the rule
     reservation_extend applies (``_extension_plan``); writes nothing and takes no lock."""
     now = now or timezone.now()
-    weights = [
-        costs.rate(costs.weight(a), reservation)
-        for a in reservation.allocations.select_related("gpu__model")
-        if a.active
-    ]
+    active = [a for a in reservation.allocations.select_related("gpu__model", "mig_device") if a.active]
+    costs.load_weights(active)
+    weights = [costs.rate(costs.weight(a), reservation) for a in active]
     rate = sum(weights, Decimal(0))
     extra_hours = _hours(max(0.0, (ends_at - reservation.ends_at).total_seconds()))
     quote: dict[str, Any] = {
@@ -774,6 +775,7 @@ def _used_credits(
     used_gpu_seconds_by_gpu: Mapping[int, float] | Mapping[str, float] | None,
 ) -> tuple[Decimal, dict[str, Any]]:
     allocations = list(reservation.allocations.select_related("gpu__model", "mig_device"))
+    costs.load_weights(allocations)
     if used_gpu_seconds_by_gpu is None:
         # Nothing measured: charge the booked time up to the end, which is what the project held.
         total, detail = Decimal(0), {}

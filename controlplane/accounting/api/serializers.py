@@ -98,6 +98,11 @@ class ReportRowSerializer(serializers.Serializer):
     cost = serializers.DecimalField(max_digits=16, decimal_places=4, allow_null=True)
     currency = serializers.CharField(allow_blank=True)
     costs = serializers.DictField(child=serializers.DecimalField(max_digits=16, decimal_places=4))
+    unit = serializers.CharField(
+        allow_blank=True,
+        help_text='Grouped by GPU model: "gpu" for whole GPUs, the MIG profile ("1g.10gb") for slices, each a row '
+        "of its own beside its model's whole GPUs; blank for the other groupings.",
+    )
     provisional = serializers.BooleanField(
         help_text="Still settling: it counts a reservation not settled yet (its figures so far, credits estimated "
         "at the GPU model's billing weight until the ledger charges it) or an hour whose telemetry rollup is not "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from django.db.models import Q
@@ -78,8 +78,8 @@ def reservation_telemetry(
     since = since if since is not None else now - DEFAULT_LOOKBACK
     allocations = list(
         Allocation.objects.filter(reservation__in=reservations_visible_to(user), reservation__public_id=public_id)
-        .select_related("reservation", "gpu__server", "gpu__model")
-        .order_by("gpu__server__hostname", "gpu__index", "starts_at")
+        .select_related("reservation", "gpu__server", "gpu__model", "mig_device")
+        .order_by("gpu__server__hostname", "gpu__index", "slice_start", "starts_at")
     )
     if allocations:
         reservation = allocations[0].reservation
@@ -112,10 +112,14 @@ def reservation_telemetry(
             series |= Q(gpu_id=gpu.pk, minute__gte=first, minute__lte=last)
 
     if series:
-        # One allocation per GPU per reservation (a database constraint), so the GPU id names the item.
-        by_gpu = {item.allocation.gpu_id: item for item in gpus}
+        # A GPU's minutes go to every item on it: one per GPU, or one per slice of it the reservation holds
+        # (the slices of one GPU share its readings, "readings": "parent").
+        by_gpu: dict[int, list[GpuTelemetry]] = {}
+        for item in gpus:
+            by_gpu.setdefault(item.allocation.gpu_id, []).append(item)
         for row in GpuTelemetryMinute.objects.filter(series).order_by("gpu_id", "minute"):
-            by_gpu[row.gpu_id].minutes.append(row)
+            for item in by_gpu[row.gpu_id]:
+                item.minutes.append(row)
     return ReservationTelemetry(reservation=reservation, now=now, since=since, gpus=gpus)
 
 
@@ -163,6 +167,23 @@ class GpuTelemetrySerializer(serializers.Serializer):
     simulated = serializers.BooleanField(
         source="allocation.gpu.server.simulated", help_text="The figures come from the simulated GPU backend."
     )
+    mig_device = serializers.CharField(
+        source="allocation.mig_device.uuid", allow_null=True, default=None, help_text="A slice: its MIG- uuid."
+    )
+    mig_profile = serializers.CharField(
+        source="allocation.mig_device.profile", allow_null=True, default=None, help_text='A slice: e.g. "1g.10gb".'
+    )
+    share = serializers.DecimalField(
+        source="allocation.slice_fraction",
+        max_digits=6,
+        decimal_places=4,
+        help_text="The part of the GPU held: 1 for a whole GPU, memory slices / 8 for a MIG slice.",
+    )
+    readings = serializers.SerializerMethodField(
+        help_text='Whose figures these are: "gpu", the GPU\'s own; "parent", a MIG slice shown its parent GPU\'s '
+        "readings whole (the agent samples per GPU; NVML gives no utilization per MIG device), which every slice "
+        "of that GPU shares: read them with share."
+    )
     held_from = serializers.DateTimeField()
     held_until = serializers.DateTimeField()
     live = serializers.SerializerMethodField(help_text="The allocation is active and covers now.")
@@ -170,6 +191,9 @@ class GpuTelemetrySerializer(serializers.Serializer):
         allow_null=True, help_text="Only while the allocation is active and covers now; null otherwise."
     )
     minutes = TelemetryMinuteSerializer(many=True)
+
+    def get_readings(self, obj: GpuTelemetry) -> Literal["gpu", "parent"]:
+        return "parent" if obj.allocation.mig_device_id is not None else "gpu"
 
     def get_live(self, obj: GpuTelemetry) -> bool:
         now = self.context["now"]

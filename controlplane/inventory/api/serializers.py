@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.inventory.choices import ServerState
-from controlplane.inventory.models import Gpu, GpuModel, MigDevice, Rack, Server, ServerEvent, Site
+from controlplane.inventory.models import Gpu, GpuModel, GpuModelMigProfile, MigDevice, Rack, Server, ServerEvent, Site
 from controlplane.inventory.selectors import server_power
 
 
@@ -22,7 +24,63 @@ class RackSerializer(serializers.ModelSerializer):
         fields = ["id", "site", "name"]
 
 
+class GpuModelMigProfileSerializer(serializers.ModelSerializer):
+    billing_weight = serializers.DecimalField(
+        max_digits=8,
+        decimal_places=4,
+        allow_null=True,
+        read_only=True,
+        help_text="The operator's override, credits per slice-hour; null: the default (the memory share).",
+    )
+    effective_billing_weight = serializers.DecimalField(
+        source="effective_weight",
+        max_digits=12,
+        decimal_places=4,
+        read_only=True,
+        help_text="What a slice-hour of this profile is charged: the override, else the GPU model's weight x "
+        "memory slices / 8.",
+    )
+    weight_overridden = serializers.SerializerMethodField(help_text="An operator set this profile's weight.")
+    price_per_hour = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        read_only=True,
+        help_text="The GPU model's price scaled as the weight is (model price x effective weight / model weight).",
+    )
+
+    def get_weight_overridden(self, obj: GpuModelMigProfile) -> bool:
+        return obj.billing_weight is not None
+
+    class Meta:
+        model = GpuModelMigProfile
+        fields = [
+            "name",
+            "memory_mib",
+            "compute_slices",
+            "memory_slices",
+            "billing_weight",
+            "effective_billing_weight",
+            "weight_overridden",
+            "price_per_hour",
+        ]
+        read_only_fields = fields
+
+
+class MigProfileWeightSerializer(serializers.Serializer):
+    billing_weight = serializers.DecimalField(
+        max_digits=8,
+        decimal_places=4,
+        min_value=Decimal("0"),
+        allow_null=True,
+        help_text="Credits per slice-hour of this profile; null returns it to the default (the memory share).",
+    )
+
+
 class GpuModelSerializer(serializers.ModelSerializer):
+    mig_profiles = GpuModelMigProfileSerializer(
+        many=True, read_only=True, help_text="The MIG profiles a GPU of this model rents as slices."
+    )
+
     class Meta:
         model = GpuModel
         fields = [
@@ -35,6 +93,7 @@ class GpuModelSerializer(serializers.ModelSerializer):
             "currency",
             "billing_weight",
             "tdp_watts",
+            "mig_profiles",
         ]
 
 

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from controlplane.accounts.choices import BOOKING_ROLES
 from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
+from controlplane.inventory.selectors import mig_weight_overrides
 from controlplane.reservations import services
 from controlplane.reservations.api.serializers import (
     ExtendQuoteQuerySerializer,
@@ -55,7 +56,9 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         qs = with_charges(qs).prefetch_related(
             Prefetch(
                 "allocations", queryset=Allocation.objects.select_related("gpu__server", "gpu__model", "mig_device")
-            )
+            ),
+            # What a slice's cost reads (costs.weight): the operators' MIG weight overrides, in one read.
+            Prefetch("allocations__gpu__model__mig_profiles", queryset=mig_weight_overrides()),
         )
         if self.action != "list":
             qs = qs.prefetch_related("events")

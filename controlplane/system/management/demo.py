@@ -28,6 +28,7 @@ DEMO_PROJECT_SLUG = "demo"
 # name, what NVML (or amdsmi) reports, memory in MiB, list price per GPU-hour, credits per GPU-hour.
 GPU_CATALOG: tuple[tuple[str, str, int, Decimal, Decimal], ...] = (
     ("H100-80GB", "NVIDIA H100 80GB HBM3", 81559, Decimal("2.4900"), Decimal("1.0000")),
+    ("A100-80GB", "NVIDIA A100-SXM4-80GB", 81920, Decimal("1.7900"), Decimal("0.7500")),
     ("A100-40GB", "NVIDIA A100-SXM4-40GB", 40960, Decimal("1.2900"), Decimal("0.5000")),
     ("MI300X", "AMD Instinct MI300X", 196592, Decimal("2.2900"), Decimal("1.0000")),
     # One of an MI250X's two dies: amdsmi lists each as its own GPU.
@@ -94,13 +95,17 @@ def _ensure_user(*, username: str, env_var: str, staff: bool) -> tuple[Any, str 
 
 
 def seed_catalog() -> list[str]:
-    """Create the GPU models the simulated fleet reports; never overwrite prices an operator changed."""
+    """Create the GPU models the simulated fleet reports, with the MIG profiles of NVIDIA's tables (the ones the
+    simulated backend and layout checks use, ``nodeagent.mig.PROFILES``) at the default weight; never overwrite
+    prices or weights an operator changed."""
     from controlplane.fleet.mig import vendor_of
     from controlplane.inventory.models import GpuModel
+    from controlplane.inventory.services import mig_profiles_add
+    from nodeagent.mig import PROFILES
 
     created = []
     for name, product_name, memory_mib, price, weight in GPU_CATALOG:
-        _, was_created = GpuModel.objects.get_or_create(
+        model, was_created = GpuModel.objects.get_or_create(
             name=name,
             defaults={
                 "product_name": product_name,
@@ -112,6 +117,11 @@ def seed_catalog() -> list[str]:
         )
         if was_created:
             created.append(name)
+        table = PROFILES.get(name, {})
+        mig_profiles_add(
+            model=model,
+            profiles=[(p.name, p.memory_mib, p.compute_slices, p.memory_slices) for p in table.values()],
+        )
     return created
 
 
