@@ -1,4 +1,4 @@
-"""Helpers every bench shares: a database of its own, a free port, a web server that is up."""
+"""Helpers every bench shares: a database of its own, a free port, a web server that is up, a server's GPUs."""
 
 from __future__ import annotations
 
@@ -190,3 +190,29 @@ def http_floor(
         "p95": 1000 * pct(latencies, 0.95),
         "p99": 1000 * pct(latencies, 0.99),
     }
+
+
+def server_gpus(server: Any, model: Any, *, count: int = 8, memory_mib: int | None = None, **fields: Any) -> list[Any]:
+    """Unsaved GPU rows of one server, as an 8-GPU box reports them: two NUMA halves, each GPU NVLinked to
+    the others of its half. ``fields``: per GPU, a function of its index giving more columns (``mig=``)."""
+    from controlplane.inventory.models import Gpu
+
+    half = count // 2
+    uuids = [f"GPU-{server.hostname}-{g}" for g in range(count)]
+    rows = []
+    for g in range(count):
+        side = range(0, half) if g < half else range(half, count)
+        rows.append(
+            Gpu(
+                server=server,
+                uuid=uuids[g],
+                index=g,
+                model=model,
+                product_name=model.product_name,
+                memory_mib=memory_mib or model.memory_mib,
+                numa_node=0 if g < half else 1,
+                nvlink_peers=[uuids[p] for p in side if p != g],
+                **{name: value(g) for name, value in fields.items()},
+            )
+        )
+    return rows

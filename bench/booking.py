@@ -34,7 +34,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from _common import django_on_fresh_database, http_floor, pct, run_threads, start_gunicorn
+from _common import django_on_fresh_database, http_floor, pct, run_threads, server_gpus, start_gunicorn
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_booking"
 GPUS_PER_SERVER = 8
@@ -75,24 +75,7 @@ def build_fleet(model_name: str, servers: int, prefix: str) -> list[int]:
     rows = [Server(hostname=f"{prefix}-{i:05d}", state=ServerState.READY) for i in range(servers)]
     for srv, pk in zip(rows, copy_in(Server, rows), strict=True):
         srv.pk = pk
-    half = GPUS_PER_SERVER // 2
-    gpu_rows = []
-    for srv in rows:
-        uuids = [f"GPU-{srv.hostname}-{g}" for g in range(GPUS_PER_SERVER)]
-        for g in range(GPUS_PER_SERVER):
-            side = range(0, half) if g < half else range(half, GPUS_PER_SERVER)
-            gpu_rows.append(
-                Gpu(
-                    server=srv,
-                    uuid=uuids[g],
-                    index=g,
-                    model=model,
-                    product_name=model.product_name,
-                    memory_mib=81920,
-                    numa_node=0 if g < half else 1,
-                    nvlink_peers=[uuids[p] for p in side if p != g],
-                )
-            )
+    gpu_rows = [gpu for srv in rows for gpu in server_gpus(srv, model, count=GPUS_PER_SERVER)]
     return copy_in(Gpu, gpu_rows)
 
 

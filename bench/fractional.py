@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from _common import django_on_fresh_database, pct
+from _common import django_on_fresh_database, pct, server_gpus
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_fractional"
 GPUS_PER_SERVER = 8
@@ -149,26 +149,15 @@ def build_fleet(servers: int, prefix: str, models: dict[str, Any]) -> None:
     rows = Server.objects.bulk_create(
         Server(hostname=f"{prefix}-{i:04d}", state=ServerState.MAINTENANCE) for i in range(servers)
     )
-    half = GPUS_PER_SERVER // 2
     gpus: list[Gpu] = []
     for i, srv in enumerate(rows):
         model = models[SERVER_MODELS[i % len(SERVER_MODELS)]]
-        uuids = [f"GPU-{srv.hostname}-{g}" for g in range(GPUS_PER_SERVER)]
-        for g in range(GPUS_PER_SERVER):
-            side = range(0, half) if g < half else range(half, GPUS_PER_SERVER)
-            gpus.append(
-                Gpu(
-                    server=srv,
-                    uuid=uuids[g],
-                    index=g,
-                    model=model,
-                    product_name=model.product_name,
-                    memory_mib=model.memory_mib,
-                    numa_node=0 if g < half else 1,
-                    nvlink_peers=[uuids[p] for p in side if p != g],
-                    mig={"current": True, "pending": True, "profiles": [], "devices": []} if g in MIG_GPUS else None,
-                )
-            )
+        gpus += server_gpus(
+            srv,
+            model,
+            count=GPUS_PER_SERVER,
+            mig=lambda g: {"current": True, "pending": True, "profiles": [], "devices": []} if g in MIG_GPUS else None,
+        )
     Gpu.objects.bulk_create(gpus)
     devices = []
     for gpu in gpus:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from _common import django_on_fresh_database, pct
+from _common import django_on_fresh_database, pct, server_gpus
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_scheduling"
 SERVERS, GPUS = 64, 8
@@ -83,23 +83,7 @@ def build_fleet(model_name: str, prefix: str) -> Any:
     rows = Server.objects.bulk_create(
         Server(hostname=f"{prefix}-{i:03d}", state=ServerState.READY) for i in range(SERVERS)
     )
-    gpus = []
-    for srv in rows:
-        uuids = [f"GPU-{srv.hostname}-{g}" for g in range(GPUS)]
-        for g in range(GPUS):
-            half = range(0, GPUS // 2) if g < GPUS // 2 else range(GPUS // 2, GPUS)
-            gpus.append(
-                Gpu(
-                    server=srv,
-                    uuid=uuids[g],
-                    index=g,
-                    model=model,
-                    product_name=model.product_name,
-                    memory_mib=81920,
-                    numa_node=0 if g < GPUS // 2 else 1,
-                    nvlink_peers=[uuids[p] for p in half if p != g],
-                )
-            )
+    gpus = [gpu for srv in rows for gpu in server_gpus(srv, model, count=GPUS)]
     Gpu.objects.bulk_create(gpus)
     return model
 
