@@ -136,8 +136,12 @@ async function idleBanner(page, idle) {
   step("the idle warning's banner on the reservation page passes axe, and Keep it keeps the reservation");
   const warning = await waitForIdleWarning(idle.api, idle.reservation);
   expect(Number(warning.util_percent) < 5, `the warning reports the GPU's utilization: ${JSON.stringify(warning)}`);
+  // Whoever the walk left signed in (the operator): wait until the portal shows either its header or the
+  // sign-in form, as a check made before it has asked who is signed in reads "nobody".
   await page.goto(`${BASE}/`);
-  if (await page.getByRole("button", { name: "Sign out" }).isVisible().catch(() => false)) await signOut(page);
+  const signedIn = page.getByTestId("signed-in-as");
+  await signedIn.or(page.getByLabel("Username")).first().waitFor();
+  if (await signedIn.isVisible()) await signOut(page);
   await signIn(page, tenant);
   await page.goto(`${BASE}/reservations/${idle.reservation}`);
   // Mantine's Alert names itself by its title (aria-labelledby), so it is found by its test id.
