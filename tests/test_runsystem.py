@@ -109,6 +109,7 @@ def test_demo_data_is_created_once_and_a_second_run_changes_nothing(db, var_dir,
     assert set(GpuModel.objects.values_list("name", "memory_mib")) == {
         ("H100-80GB", 81559),
         ("A100-40GB", 40960),
+        ("A100-80GB", 81920),
         ("MI300X", 196592),
         ("MI250X", 65536),
     }
