@@ -431,6 +431,17 @@ if FLEET_FENCE_AFTER_INTERVALS >= FLEET_OFFLINE_AFTER_INTERVALS:
         "before the control plane calls its server offline"
     )
 FLEET_REQUEUE_MARGIN_S = env_float("FLEET_REQUEUE_MARGIN_S", 10.0, minimum=1.0)
+# Outage tolerance (docs/fleet.md, "Outages and node loss"): work that nothing would replace (the project did not
+# opt in to requeue) keeps running through this much silence between an agent and the control plane; its agent
+# ends it at its window's end from the desired state it holds, or stops it once the silence passes this.
+FLEET_OUTAGE_TOLERANCE_S = env_float("FLEET_OUTAGE_TOLERANCE_S", 1800.0, minimum=60.0)
+# No server is declared lost during this grace after the control plane (its node-loss detector) starts again or
+# its database returns: the silence was ours.
+FLEET_STARTUP_GRACE_S = env_float("FLEET_STARTUP_GRACE_S", 60.0, minimum=0.0)
+# Disruption: when more than this share of the live servers (and at least FLEET_DISRUPTION_MIN_SERVERS of them)
+# are silent together, node-loss handling is held: the fault is more likely ours than theirs.
+FLEET_DISRUPTION_SHARE = env_float("FLEET_DISRUPTION_SHARE", 0.55, minimum=0.0)
+FLEET_DISRUPTION_MIN_SERVERS = env_int("FLEET_DISRUPTION_MIN_SERVERS", 2, minimum=1)
 FLEET_GPU_TEMP_LIMIT_C = env_float("FLEET_GPU_TEMP_LIMIT_C", 90.0)
 FLEET_HEARTBEAT_MAX_BYTES = env_int("FLEET_HEARTBEAT_MAX_BYTES", 2_000_000, minimum=1024)
 FLEET_JOIN_TOKEN_TTL_S = env_int("FLEET_JOIN_TOKEN_TTL_S", 24 * 3600, minimum=60)

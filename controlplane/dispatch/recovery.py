@@ -24,6 +24,15 @@ from controlplane.reservations.services import reservation_create, reservation_m
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window, mounts_from_stored
 
 
+def replaceable(reservation: Reservation) -> bool:
+    """Work the control plane would place elsewhere if its node were lost: its project opted in to requeue.
+
+    The one rule behind fencing (DESIGN invariants 8 and 12, docs/fleet.md's decision table): replaceable work is
+    stopped at its agent's lease (by the agent, or by the lease watchdog inside its container when the agent is
+    dead or frozen) before the follow-up starts; other work keeps its GPUs and runs through an outage."""
+    return bool(reservation.project.requeue_on_interrupt)
+
+
 def server_lost(*, server: Server, now: datetime) -> int:
     """``server`` stopped sending heartbeats long enough ago for its agent to have fenced itself: its launches
     are lost, their reservations interrupted and settled for the time used (up to the last heartbeat), and
@@ -64,7 +73,7 @@ def _interrupt(*, reservation_id: int, reason: str, now: datetime) -> None:
     launches = list(Launch.objects.filter(reservation=reservation))
     if not _finish(reservation, launches, to=ReservationState.INTERRUPTED, reason=reason, now=now):
         return
-    if previous in RUN_STATES and reservation.project.requeue_on_interrupt:
+    if previous in RUN_STATES and replaceable(reservation):
         requeue(reservation=reservation, now=now)
 
 

@@ -35,3 +35,21 @@ def requeue_after_s(heartbeat_interval_s: float) -> float:
         lease_s(heartbeat_interval_s) + float(settings.DISPATCH_STOP_GRACE_S) + float(settings.FLEET_REQUEUE_MARGIN_S)
     )
     return max(offline_after_s(heartbeat_interval_s), fenced_and_gone)
+
+
+def outage_tolerance_s() -> float:
+    """Seconds of silence that work nothing would replace survives: its agent keeps it running (to its window's
+    end at most) and the control plane keeps its reservation running; past this, it is stopped and settled."""
+    return float(settings.FLEET_OUTAGE_TOLERANCE_S)
+
+
+def release_after_s(heartbeat_interval_s: float, *, replaceable: bool) -> float:
+    """Seconds of silence after which a server's launches are given up: for replaceable work the requeue delay
+    (its agent fenced it at the lease), for other work the outage tolerance, the stop grace and the margin
+    (its agent stopped it at the tolerance)."""
+    if replaceable:
+        return requeue_after_s(heartbeat_interval_s)
+    stopped_and_gone = (
+        outage_tolerance_s() + float(settings.DISPATCH_STOP_GRACE_S) + float(settings.FLEET_REQUEUE_MARGIN_S)
+    )
+    return max(requeue_after_s(heartbeat_interval_s), stopped_and_gone)
