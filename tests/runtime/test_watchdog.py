@@ -1,0 +1,122 @@
+"""The lease watchdog on a real engine: a replaceable container stops by itself once the lease its agent renews has
+run out, with no agent running at all (invariant 8 when the agent is dead or frozen); work nothing would replace is
+not wrapped and runs on. The wrapper forwards the notice and the stop, and exits with the job's own status."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from nodeagent.runtime import watchdog
+from nodeagent.runtime.containers import LABEL_LAUNCH, parse_docker_time
+
+from .support import T0, logs_of, ours, status_of, wait_for
+from .test_stop import SIGNAL_RECORDER, STUBBORN, the_report
+
+pytestmark = pytest.mark.docker
+
+
+def container_of(docker_client, node, launch_id):  # type: ignore[no-untyped-def]
+    [container] = [c for c in ours(docker_client, node) if c.labels[LABEL_LAUNCH] == launch_id]
+    return container
+
+
+@pytest.mark.parametrize("busybox", [True, False], ids=["host-busybox", "image-sh"])
+def test_a_replaceable_container_stops_itself_when_the_lease_runs_out_with_no_agent(
+    make_runtime, make_desired, docker_client, node, busybox
+):  # type: ignore[no-untyped-def]
+    runtime = make_runtime(busybox=busybox)
+    if busybox:
+        assert runtime.busybox is not None, "the host has no static busybox to test with"
+    grace = 2
+    replaceable = make_desired(command=["sh", "-c", STUBBORN], replaceable=True, stop_grace_s=grace)
+    kept = make_desired(command=["sh", "-c", STUBBORN], stop_grace_s=grace)
+    deadline = datetime.now(UTC) + timedelta(seconds=4)
+    watchdog.write_deadline(runtime.lease_dir, deadline)
+    runtime.reconcile([replaceable, kept], [], T0)
+    wrapped = container_of(docker_client, node, replaceable.launch_id)
+    plain = container_of(docker_client, node, kept.launch_id)
+    wait_for(lambda: "started" in logs_of(wrapped) and "started" in logs_of(plain), what="both jobs")
+    assert wrapped.attrs["Config"]["Entrypoint"][-1] == watchdog.SCRIPT_MOUNT
+    assert plain.attrs["Config"]["Entrypoint"] is None
+
+    # From here no agent runs: nothing renews the lease, nothing reconciles, nothing signals.
+    del runtime
+    wait_for(lambda: status_of(wrapped) == "exited", timeout=20, what="the watchdog to stop the job")
+    wrapped.reload()
+    finished = parse_docker_time(wrapped.attrs["State"]["FinishedAt"])
+    assert finished is not None
+    # Stopped after the deadline (never before: the lease was the agent's to renew) and gone within the grace,
+    # plus the watchdog's one-second poll and the engine's own time.
+    assert deadline - timedelta(seconds=1) <= finished <= deadline + timedelta(seconds=grace + 2.5)
+    assert wrapped.attrs["State"]["ExitCode"] == 137  # the stubborn job ignored SIGTERM and was killed
+    assert "TERM-ignored" in logs_of(wrapped) and "lease ran out" in logs_of(wrapped)
+    time.sleep(1)
+    assert status_of(plain) == "running"  # not replaceable: runs through the outage
+
+
+def test_a_renewed_lease_keeps_the_job_running(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
+    runtime = make_runtime()
+    spec = make_desired(command=["sh", "-c", SIGNAL_RECORDER], replaceable=True)
+    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(seconds=2))
+    runtime.reconcile([spec], [], T0)
+    container = container_of(docker_client, node, spec.launch_id)
+    for _ in range(5):  # the agent's heartbeats, each renewing the lease before it runs out
+        time.sleep(1)
+        watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(seconds=2))
+    assert status_of(container) == "running"
+    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) - timedelta(seconds=1))
+    wait_for(lambda: status_of(container) == "exited", what="the watchdog")
+    assert the_report(runtime, spec.launch_id).exit_code == 0  # the job exited on SIGTERM: its own status
+
+
+def test_the_wrapper_forwards_the_notice_and_the_stop_and_keeps_the_exit_code(
+    make_runtime, make_desired, docker_client, node
+):  # type: ignore[no-untyped-def]
+    runtime = make_runtime()
+    end = T0 + timedelta(minutes=10)
+    spec = make_desired(command=["sh", "-c", SIGNAL_RECORDER], replaceable=True, window_end=end, warn_before_s=60)
+    short = make_desired(command=["sh", "-c", "echo done; exit 7"], replaceable=True)
+    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(hours=1))
+    runtime.reconcile([spec, short], [], T0)
+    container = container_of(docker_client, node, spec.launch_id)
+    wait_for(lambda: "started" in logs_of(container), what="the job's traps")
+    runtime.reconcile([spec, short], [], end - timedelta(seconds=60))
+    wait_for(lambda: "USR1" in logs_of(container), what="the warning, through the wrapper")
+    runtime.reconcile([spec, short], [], end)
+    wait_for(lambda: status_of(container) == "exited", what="SIGTERM, through the wrapper")
+    assert [line.split(" ", 1)[0] for line in logs_of(container).splitlines()] == ["started", "USR1", "TERM"]
+    assert the_report(runtime, spec.launch_id).exit_code == 0
+    exited = container_of(docker_client, node, short.launch_id)
+    wait_for(lambda: status_of(exited) == "exited", what="the short job")
+    assert the_report(runtime, short.launch_id).exit_code == 7
+
+
+def test_without_a_command_the_wrapper_runs_the_images_own(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
+    runtime = make_runtime()
+    spec = make_desired(command=[], replaceable=True, env={"GPUCP_JOB_SECONDS": "1", "GPUCP_JOB_EXIT": "3"})
+    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(hours=1))
+    runtime.reconcile([spec], [], T0)
+    container = container_of(docker_client, node, spec.launch_id)
+    wait_for(lambda: status_of(container) == "exited", what="the image's job")
+    assert "job done" in logs_of(container)
+    assert the_report(runtime, spec.launch_id).exit_code == 3
+
+
+def test_image_argv_follows_dockers_rule() -> None:
+    assert watchdog.image_argv({"Entrypoint": ["/init"], "Cmd": ["serve"]}, []) == ["/init", "serve"]
+    assert watchdog.image_argv({"Entrypoint": ["/init"], "Cmd": ["serve"]}, ["train"]) == ["/init", "train"]
+    assert watchdog.image_argv({"Entrypoint": None, "Cmd": ["job"]}, []) == ["job"]
+    assert watchdog.image_argv({}, ["python", "x.py"]) == ["python", "x.py"]
+
+
+def test_the_deadline_is_written_whole_and_withdrawn(tmp_path: Path) -> None:
+    directory = tmp_path / "watchdog"
+    watchdog.write_deadline(directory, datetime(2030, 1, 1, 12, 0, 0, 900000, tzinfo=UTC))
+    # The whole second at or before the lease's end: the watchdog never outlasts the agent's own fence.
+    assert (directory / "deadline").read_text() == f"{int(datetime(2030, 1, 1, 12, tzinfo=UTC).timestamp())}\n"
+    watchdog.write_deadline(directory, None)
+    assert not (directory / "deadline").exists()
