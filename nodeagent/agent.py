@@ -435,7 +435,14 @@ class Agent:
         # desired state lets go of it, and the report must still reach a control plane that was away then.
         fresh = []
         for report in self._last_reports:
-            key = (report.state, report.container_id, report.started_at, report.finished_at, report.exit_code)
+            key = (
+                report.state,
+                report.container_id,
+                report.started_at,
+                report.finished_at,
+                report.exit_code,
+                report.fenced,
+            )
             if self._journaled.get(report.launch_id) != key:
                 self._journaled[report.launch_id] = key
                 fresh.append(report)

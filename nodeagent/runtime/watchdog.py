@@ -14,7 +14,7 @@ import math
 import os
 import shutil
 import struct
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,14 @@ def write_deadline(directory: Path, deadline: datetime | None) -> None:
     os.chmod(tmp, 0o644)
     # A rename: a watchdog never reads half a number, and the directory mount shows the new file at once.
     tmp.replace(target)
+
+
+def read_deadline(directory: Path) -> datetime | None:
+    """The deadline the watchdogs read now, or None when there is none."""
+    try:
+        return datetime.fromtimestamp(int((directory / DEADLINE).read_text().strip()), tz=UTC)
+    except (OSError, ValueError, OverflowError):
+        return None
 
 
 def static_busybox() -> Path | None:

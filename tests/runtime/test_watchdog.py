@@ -57,20 +57,36 @@ def test_a_replaceable_container_stops_itself_when_the_lease_runs_out_with_no_ag
     time.sleep(1)
     assert status_of(plain) == "running"  # not replaceable: runs through the outage
 
+    # The agent back (a new process): the exit after the lease's end was the watchdog's, and is reported as a
+    # fence, so the control plane requeues the work rather than take the exit for the job's own end.
+    restarted = make_runtime(busybox=busybox)
+    report = the_report(restarted, replaceable.launch_id)
+    assert (report.state, report.fenced) == ("exited", True)
+    assert report.error is not None and "lease watchdog" in report.error
+    assert the_report(restarted, kept.launch_id).fenced is False
+
 
 def test_a_renewed_lease_keeps_the_job_running(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
     runtime = make_runtime()
     spec = make_desired(command=["sh", "-c", SIGNAL_RECORDER], replaceable=True)
-    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(seconds=2))
+    runtime.renew_lease(datetime.now(UTC) + timedelta(seconds=5))
     runtime.reconcile([spec], [], T0)
     container = container_of(docker_client, node, spec.launch_id)
-    for _ in range(5):  # the agent's heartbeats, each renewing the lease before it runs out
+    ends = []
+    for _ in range(8):  # the agent's heartbeats, each renewing the lease long before it runs out
         time.sleep(1)
-        watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(seconds=2))
-    assert status_of(container) == "running"
-    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) - timedelta(seconds=1))
-    wait_for(lambda: status_of(container) == "exited", what="the watchdog")
-    assert the_report(runtime, spec.launch_id).exit_code == 0  # the job exited on SIGTERM: its own status
+        ends.append(datetime.now(UTC) + timedelta(seconds=5))
+        runtime.renew_lease(ends[-1])
+    assert status_of(container) == "running" and "lease ran out" not in logs_of(container)
+    assert the_report(runtime, spec.launch_id).state == "running"
+    wait_for(lambda: status_of(container) == "exited", timeout=15, what="the watchdog, once renewals stop")
+    assert (container.attrs["State"]["ExitCode"], "TERM" in logs_of(container)) == (0, True)  # the job's own
+    report = the_report(runtime, spec.launch_id)
+    assert (
+        report.fenced is True
+        and report.finished_at is not None
+        and report.finished_at >= ends[-1] - timedelta(seconds=1)
+    )
 
 
 def test_the_wrapper_forwards_the_notice_and_the_stop_and_keeps_the_exit_code(
