@@ -49,9 +49,9 @@ def test_a_replaceable_container_stops_itself_when_the_lease_runs_out_with_no_ag
     wrapped.reload()
     finished = parse_docker_time(wrapped.attrs["State"]["FinishedAt"])
     assert finished is not None
-    # Stopped after the deadline (never before: the lease was the agent's to renew) and gone within the grace,
-    # plus the watchdog's one-second poll and the engine's own time.
-    assert deadline - timedelta(seconds=1) <= finished <= deadline + timedelta(seconds=grace + 2.5)
+    # Stopped after the lease's end (a second after it: a live agent would have fenced first, with its notice) and
+    # gone within the grace, plus the rounding, the watchdog's one-second poll and the engine's own time.
+    assert deadline + timedelta(seconds=1 + grace) <= finished <= deadline + timedelta(seconds=grace + 3.5)
     assert wrapped.attrs["State"]["ExitCode"] == 137  # the stubborn job ignored SIGTERM and was killed
     assert "TERM-ignored" in logs_of(wrapped) and "lease ran out" in logs_of(wrapped)
     time.sleep(1)
@@ -131,8 +131,9 @@ def test_image_argv_follows_dockers_rule() -> None:
 
 def test_the_deadline_is_written_whole_and_withdrawn(tmp_path: Path) -> None:
     directory = tmp_path / "watchdog"
-    watchdog.write_deadline(directory, datetime(2030, 1, 1, 12, 0, 0, 900000, tzinfo=UTC))
-    # The whole second at or before the lease's end: the watchdog never outlasts the agent's own fence.
-    assert (directory / "deadline").read_text() == f"{int(datetime(2030, 1, 1, 12, tzinfo=UTC).timestamp())}\n"
+    watchdog.write_deadline(directory, datetime(2030, 1, 1, 12, 0, 0, 100000, tzinfo=UTC))
+    # The whole second after the lease's end, and one more: a live agent fences first, with its notice.
+    assert (directory / "deadline").read_text() == f"{int(datetime(2030, 1, 1, 12, 0, 2, tzinfo=UTC).timestamp())}\n"
+    assert watchdog.read_deadline(directory) == datetime(2030, 1, 1, 12, 0, 2, tzinfo=UTC)
     watchdog.write_deadline(directory, None)
     assert not (directory / "deadline").exists()
