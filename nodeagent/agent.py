@@ -331,6 +331,7 @@ class Agent:
                     self._wakeup.clear()
         finally:
             self.backend.close()
+            self.buffer.sync()  # a clean stop leaves the journal on disk, durable, for the next start
             close = getattr(self.runtime, "close", None)
             if close is not None:
                 close()
