@@ -56,8 +56,8 @@ KILL_RETRY_S = 1.0
 # interval later, so hours of samples catch up in minutes.
 REPLAY_INTERVAL_S = 0.5
 # Past the lease, retries back off to at most this (or the heartbeat interval, if longer): a control plane back
-# from an outage hears from every agent well within its startup grace (FLEET_STARTUP_GRACE_S, 60 s), and its
-# closer does not settle a reservation before the agent's journal says what ran.
+# from an outage hears from every agent, and from its journal what ran meanwhile, well within its startup grace
+# (FLEET_STARTUP_GRACE_S, 60 s).
 OUTAGE_RETRY_S = 15.0
 
 
