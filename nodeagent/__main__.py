@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from nodeagent.backends.base import BackendUnavailable, GpuBackend
 from nodeagent.backends.simulated import SimulatedBackend, SimulatedSpecError
 from nodeagent.collectors import HostCollector
+from nodeagent.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
+from nodeagent.journal import Journal
 from nodeagent.runtime.base import ContainerRuntime, NullRuntime
 from nodeagent.runtime.devices import GpuInfo
 
@@ -108,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--state-dir",
         default=env("NODEAGENT_STATE_DIR") or default_state_dir(),
-        help="where the node credential is kept (NODEAGENT_STATE_DIR)",
+        help="where the node credential, the lease, the desired state last heard and the journal are kept "
+        "(NODEAGENT_STATE_DIR)",
     )
     run.add_argument(
         "--interval", type=float, default=5.0, help="heartbeat seconds until the control plane says otherwise"
@@ -171,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default the hostname)",
     )
     run.add_argument("--no-ssh", action="store_true", help="no SSH gateway")
+    run.add_argument(
+        "--journal-max-bytes",
+        type=int,
+        default=env("NODEAGENT_JOURNAL_MAX_BYTES") or DEFAULT_JOURNAL_MAX_BYTES,
+        help="the most the journal of unsent reports may hold in the state directory while the control plane "
+        "cannot answer; over it the oldest GPU samples go first, then events, never container starts and exits "
+        "(NODEAGENT_JOURNAL_MAX_BYTES, default 64 MiB)",
+    )
     run.add_argument(
         "--container-scope",
         metavar="NAME",
@@ -252,9 +263,14 @@ def make_runtime(
 
 
 def start_log_shipper(
-    args: argparse.Namespace, runtime: ContainerRuntime, node: str, credential: Callable[[], str | None]
+    args: argparse.Namespace,
+    runtime: ContainerRuntime,
+    node: str,
+    credential: Callable[[], str | None],
+    journal: Journal | None = None,
 ) -> LogShipper | None:
-    """Live logs (nodeagent.logship) for a Docker runtime, unless --no-live-logs; its own HTTP session."""
+    """Live logs (nodeagent.logship) for a Docker runtime, unless --no-live-logs; its own HTTP session, and the
+    agent's journal for what waits to be sent."""
     docker_client = getattr(runtime, "client", None)
     if args.runtime != "docker" or args.no_live_logs or docker_client is None:
         return None
@@ -262,7 +278,11 @@ def start_log_shipper(
     from nodeagent.logship import LogShipper
 
     return LogShipper(
-        client=ControlPlaneClient(args.server), credential=credential, docker_client=docker_client, node=node
+        client=ControlPlaneClient(args.server),
+        credential=credential,
+        docker_client=docker_client,
+        node=node,
+        journal=journal,
     ).start()
 
 
@@ -278,6 +298,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if value <= 0:
             print(f"nodeagent: {flag} must be a positive number of seconds, got {value}", file=sys.stderr)
             return 2
+    if args.journal_max_bytes < 1024 * 1024:
+        print(f"nodeagent: --journal-max-bytes must be at least 1 MiB, got {args.journal_max_bytes}", file=sys.stderr)
+        return 2
     bind: tuple[str, int] | None = None
     if not args.no_listen:
         try:
@@ -373,6 +396,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             backend=backend,
             runtime=runtime,
             state=AgentState(args.state_dir),
+            buffer=Journal(Path(args.state_dir) / "journal", max_bytes=args.journal_max_bytes),
             host=host,
             join_token=args.join_token,
             interval=args.interval,
@@ -382,7 +406,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             gateway=gateway,
         )
         holder["agent"] = agent
-        shipper = start_log_shipper(args, runtime, owner, lambda: holder["agent"].credential)
+        shipper = start_log_shipper(args, runtime, owner, lambda: holder["agent"].credential, journal=agent.buffer)
         agent.run()
     except AgentStopped as exc:
         backend.close()

@@ -126,6 +126,10 @@ class NodeFacts(Strict):
     ssh: SshGatewayFacts | None = Field(default=None, exclude_if=lambda value: value is None)
     # True when the operator gave this agent a volume root (NODEAGENT_VOLUME_ROOT): it can mount project volumes.
     volumes: bool = Field(default=False, exclude_if=lambda value: not value)
+    # The agent keeps work that nothing would replace running while the control plane is silent, up to the
+    # ``HeartbeatReply.outage_tolerance_s`` it is told, and fences only ``DesiredContainer.replaceable`` work at the
+    # lease. Left out of the JSON when false, like ``fencing``.
+    outage_tolerant: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 Vendor = Literal["nvidia", "amd"]
@@ -522,6 +526,10 @@ class DesiredContainer(Strict):
     notice_reason: Annotated[str, Field(max_length=200)] | None = Field(
         default=None, exclude_if=lambda value: value is None
     )
+    # Work the control plane would place elsewhere if this node were lost (its project opted in to requeue):
+    # the agent fences it at the lease, and a watchdog inside its container stops it even when the agent cannot
+    # (docs/runtime.md, "Lease watchdog"). Other work runs through a control-plane outage. Left out when false.
+    replaceable: bool = Field(default=False, exclude_if=lambda value: not value)
 
     @model_validator(mode="after")
     def _egress_names_its_network(self) -> DesiredContainer:
@@ -554,6 +562,12 @@ class HeartbeatReply(Strict):
     # an agent that says it fences (``NodeFacts.fencing``), and left out of the JSON otherwise, because an older
     # agent refuses a reply with a field it does not know.
     lease_s: Annotated[float, Field(gt=0)] | None = Field(default=None, exclude_if=lambda value: value is None)
+    # Seconds of silence that work nothing would replace survives: past this with no answered heartbeat, the agent
+    # stops it too. Sent only to an agent that says it understands it (``NodeFacts.outage_tolerant``); without it
+    # the agent fences every container at the lease, as before.
+    outage_tolerance_s: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
     # MIG layouts to apply. Sent only while an operator's reconfiguration waits, left out of the JSON otherwise.
     mig: list[DesiredMig] = Field(default_factory=list, max_length=MAX_GPUS, exclude_if=lambda value: not value)
 

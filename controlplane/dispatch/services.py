@@ -217,6 +217,9 @@ def _desired_container(
     ssh_keys: list[schema.AuthorizedKey] | None = None,
     mounts: tuple[list[schema.VolumeMount], str | None] | None = None,
 ) -> schema.DesiredContainer:
+    # Deferred: recovery (node loss) builds on these services, and holds the one rule of replaceable work.
+    from controlplane.dispatch.recovery import replaceable
+
     reservation = launch.reservation
     volumes, network_name = mounts or ([], None)
     return schema.DesiredContainer(
@@ -242,6 +245,7 @@ def _desired_container(
         # Egress only while the project still has its network: one withdrawn since booking means none.
         network="egress" if reservation.network == "egress" and network_name else "none",
         network_name=network_name if reservation.network == "egress" else None,
+        replaceable=replaceable(reservation),
     )
 
 

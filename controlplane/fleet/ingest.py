@@ -397,6 +397,7 @@ def _ingest(
         stop=stop,
         # Only to an agent that fences: an older one would refuse a reply with a field it does not know.
         lease_s=fencing.lease_s(server.heartbeat_interval_s) if heartbeat.node.fencing else None,
+        outage_tolerance_s=fencing.outage_tolerance_s() if heartbeat.node.outage_tolerant else None,
         mig=fleet_mig.desired_for(gpus.values()),
     )
 

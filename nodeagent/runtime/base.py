@@ -29,9 +29,13 @@ class ContainerRuntime(Protocol):
         """UUIDs of the GPUs bound to a running container now."""
         ...
 
-    def fence(self, now: datetime, reason: str) -> None:
+    def fence(self, now: datetime, reason: str, *, replaceable_only: bool = False) -> None:
         """No reply from the control plane for the lease: stop every running container (notice, SIGTERM, SIGKILL
-        after its grace), report each as ``fenced`` with ``reason``, and start nothing until ``unfence``."""
+        after its grace), report each as ``fenced`` with ``reason``, and start nothing until ``unfence``.
+
+        ``replaceable_only``: only the launches the control plane would place elsewhere (``replaceable``); the
+        others run on, and the runtime goes on converging them (starts, warnings, stops at their window's end).
+        A later call without it fences the rest too."""
         ...
 
     def unfence(self) -> None:
@@ -77,7 +81,7 @@ class NullRuntime:
     def busy_gpus(self) -> set[str]:
         return set()
 
-    def fence(self, now: datetime, reason: str) -> None:
+    def fence(self, now: datetime, reason: str, *, replaceable_only: bool = False) -> None:
         """Nothing runs here, so nothing needs stopping."""
 
     def unfence(self) -> None:

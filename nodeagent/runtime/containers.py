@@ -28,6 +28,8 @@ LABEL_GPUS = "gpucp.gpus"
 LABEL_WINDOW_END = "gpucp.window_end"
 LABEL_GRACE = "gpucp.stop_grace_s"
 LABEL_NODE = "gpucp.node"
+# Present ("true") on a replaceable launch's container: fenced at the lease, and run under the lease watchdog.
+LABEL_REPLACEABLE = "gpucp.replaceable"
 
 MOUNT_POINT = "/run/gpucp"
 WARN_FILE = f"{MOUNT_POINT}/warning"
@@ -103,6 +105,9 @@ class Launch:
     prepared: bool = False
     # Why the agent's fence stopped it (no reply from the control plane for its lease); reported with it.
     fenced: str | None = None
+    # The control plane would place it elsewhere were this node lost (``DesiredContainer.replaceable``): fenced at
+    # the lease. From the desired state, or from the container's label once adopted.
+    replaceable: bool = False
 
     @property
     def status(self) -> str | None:
@@ -154,6 +159,7 @@ def create_args(
             LABEL_WINDOW_END: iso(spec.window_end),
             LABEL_GRACE: str(spec.stop_grace_s),
             LABEL_NODE: node,
+            **({LABEL_REPLACEABLE: "true"} if spec.replaceable else {}),
         },
         "environment": env,
         "privileged": False,

@@ -37,12 +37,14 @@ from docker.models.containers import Container
 from requests.exceptions import RequestException
 
 from nodeagent import schema
+from nodeagent.runtime import watchdog
 from nodeagent.runtime.containers import (
     ERROR_CHARS,
     LABEL_GPUS,
     LABEL_GRACE,
     LABEL_LAUNCH,
     LABEL_NODE,
+    LABEL_REPLACEABLE,
     LABEL_RESERVATION,
     Launch,
     container_name,
@@ -50,6 +52,7 @@ from nodeagent.runtime.containers import (
     detect_nvidia_runtime,
     iso,
     launch_report,
+    parse_docker_time,
     safe_id,
 )
 from nodeagent.runtime.devices import AmdDevices, DeviceError, GpuInfo, amd_devices
@@ -115,12 +118,26 @@ class DockerRuntime:
         volumes: VolumeStore | None = None,
         gpu_info: Callable[[str], GpuInfo | None] | None = None,
         sysfs_root: Path | str = "/sys",
+        lease_dir: Path | str | None = None,
+        busybox: Path | str | bool | None = True,
     ) -> None:
         self.client = client if client is not None else docker.from_env(timeout=30)
         self.node = node or socket.gethostname()
         self.state_dir = Path(state_dir)
         self.launch_root = self.state_dir / "launches" / safe_id(self.node)
         self.launch_root.mkdir(parents=True, exist_ok=True)
+        # The lease watchdog of replaceable launches (nodeagent.runtime.watchdog): the directory the agent renews
+        # the deadline in, and the static busybox it runs under (True: the host's, if any; False: the image's sh).
+        self.lease_dir = Path(lease_dir) if lease_dir is not None else watchdog.lease_dir(self.state_dir)
+        self.lease_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.lease_dir, 0o755)  # noqa: S103 - read by the job, whatever its user; nothing secret here
+        if busybox is True:
+            self.busybox: Path | None = watchdog.static_busybox()
+        else:
+            self.busybox = Path(busybox) if busybox else None
+        # The lease's end the watchdogs read now: a replaceable container that exited after it, and not by our
+        # hand, was stopped by its watchdog.
+        self._lease_deadline = watchdog.read_deadline(self.lease_dir)
         self.numa_cpus = dict(numa_cpus or {})
         self._gpu_numa = gpu_numa
         # uuid -> vendor and PCI bus, so an AMD launch gets its render nodes; None: every GPU is NVIDIA's.
@@ -141,8 +158,10 @@ class DockerRuntime:
         self._ops: dict[str, Future[_Outcome]] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="docker-launch")
         self._waker: Callable[[], None] | None = None
-        # While set (the reason), the node is fenced: see ``fence``.
+        # While set (the reason), the node is fenced: see ``fence``. ``fence_all``: every launch is, not only the
+        # replaceable ones.
         self.fenced: str | None = None
+        self.fence_all = True
         self._adopt()
 
     def set_waker(self, waker: Callable[[], None] | None) -> None:
@@ -169,6 +188,7 @@ class DockerRuntime:
                 launch = self._launches[launch_id] = self._new_launch(spec)
             launch.desired = spec
             launch.stop_grace_s = spec.stop_grace_s
+            launch.replaceable = spec.replaceable
         for launch in self._launches.values():
             if launch.launch_id not in wanted:
                 launch.desired = None
@@ -182,14 +202,19 @@ class DockerRuntime:
             if status in LIVE_STATES:
                 if launch.desired is None or now >= launch.desired.window_end:
                     self._begin_stop(launch, now)
-                elif self.fenced is not None and status in SIGNALLABLE_STATES and launch.stop_deadline is None:
+                elif (
+                    self.fenced is not None
+                    and self._is_fenced(launch)
+                    and status in SIGNALLABLE_STATES
+                    and launch.stop_deadline is None
+                ):
                     self._fence_launch(launch, now, self.fenced)  # its start was in flight when the fence came
                 elif launch.warned_for != iso(launch.desired.window_end) and now >= self._warn_at(launch.desired):
                     self._warn(launch, now)
             if launch.stop_deadline is not None and now >= launch.stop_deadline and status in SIGNALLABLE_STATES:
                 self._kill(launch)
 
-        if self.fenced is not None:
+        if self.fenced is not None and self.fence_all:
             # Fenced: nothing starts, and nothing is removed, so every stopped container and its report are
             # still here when the control plane answers again.
             return
@@ -201,6 +226,8 @@ class DockerRuntime:
             launch = self._launches[spec.launch_id]
             if launch.final is not None or launch.final_failure is not None or launch.launch_id in self._ops:
                 continue
+            if self._is_fenced(launch):
+                continue  # replaceable work may be starting elsewhere; the rest runs through the outage
             if launch.container is None:
                 op = self._launch(launch, spec, now)
                 if op is not None and now >= spec.window_start:
@@ -220,7 +247,13 @@ class DockerRuntime:
             # past the next window of another launch, which must not wait behind them.
             wait_futures(starts, timeout=self._start_budget(wanted.values(), now))
             self._collect_ops()
-        self._collect_garbage()
+        if self.fenced is None:
+            # While fenced, nothing is removed: a stopped container and its output stay until the control plane
+            # has heard of them (the agent's journal keeps the reports too).
+            self._collect_garbage()
+
+    def _is_fenced(self, launch: Launch) -> bool:
+        return self.fenced is not None and (self.fence_all or launch.replaceable)
 
     def _start_budget(self, specs: Iterable[schema.DesiredContainer], now: datetime) -> float:
         upcoming = [
@@ -230,21 +263,27 @@ class DockerRuntime:
         ]
         return max(0.0, min([MAX_START_WAIT_S, *upcoming]))
 
-    def fence(self, now: datetime, reason: str) -> None:
+    def fence(self, now: datetime, reason: str, *, replaceable_only: bool = False) -> None:
         """The node heard nothing from the control plane for its lease, which may be starting this work elsewhere:
         stop every running container of ours as at the end of a window (the notice in the warning file and
         SIGUSR1, then SIGTERM, then SIGKILL after the launch's grace), and start nothing until ``unfence``.
+
+        ``replaceable_only``: only the replaceable launches are fenced (stopped, never started); the others run on
+        and are converged as usual, to their window's end. A later call without it fences them too (the outage
+        outlasted the control plane's tolerance).
 
         A container already being stopped (its window ended, a cancel) goes on as it was: its end is not the
         fence's. Each fenced launch is marked, on disk too, and reported with ``fenced`` and ``reason``. While
         fenced nothing is removed, so the reports wait for the control plane."""
         # First: should the engine fail below, every later reconcile still starts nothing and fences what runs.
         self.fenced = reason
+        self.fence_all = not replaceable_only
         self._collect_ops()
         self._refresh()
+        self._note_watchdog_stops()
         for launch in self._launches.values():
             # A start in flight is fenced by the reconcile that sees it running.
-            if launch.launch_id in self._ops or launch.stop_deadline is not None:
+            if launch.launch_id in self._ops or launch.stop_deadline is not None or not self._is_fenced(launch):
                 continue
             if launch.status in SIGNALLABLE_STATES:
                 self._fence_launch(launch, now, reason)
@@ -253,6 +292,36 @@ class DockerRuntime:
         """The control plane answered again: its desired state is the authority once more. A fenced launch stays
         stopped and keeps its mark; whether anything runs again is the reply's to say (a new launch, if so)."""
         self.fenced = None
+        self.fence_all = True
+
+    def renew_lease(self, deadline: datetime | None) -> None:
+        """The agent's lease now ends at ``deadline`` (None: the control plane gives none): what the lease
+        watchdogs of replaceable containers read (nodeagent.runtime.watchdog)."""
+        self._note_watchdog_stops()  # against the deadline that was in force until now
+        watchdog.write_deadline(self.lease_dir, deadline)
+        self._lease_deadline = None if deadline is None else watchdog.read_deadline(self.lease_dir)
+
+    def _note_watchdog_stops(self) -> None:
+        """A replaceable container that exited at or after the lease's end, not stopped by us, was stopped by its
+        watchdog (the agent was dead, frozen or cut off): it is reported fenced, as the agent's fence would have,
+        so the control plane requeues it rather than taking its exit for the job's own end."""
+        deadline = self._lease_deadline
+        if deadline is None:
+            return
+        for launch in self._launches.values():
+            if not launch.replaceable or launch.fenced is not None or launch.stop_deadline is not None:
+                continue
+            if launch.container is None or launch.status not in ("exited", "dead"):
+                continue
+            finished = parse_docker_time(launch.container.attrs.get("State", {}).get("FinishedAt"))
+            if finished is None or finished < deadline:
+                continue
+            reason = f"fenced: stopped by its lease watchdog, the node agent's lease having run out at {iso(deadline)}"
+            launch.fenced = reason[:ERROR_CHARS]
+            (self._dir(launch.launch_id) / "fenced").write_text(launch.fenced + "\n")
+            if launch.final is not None:
+                launch.final = launch.final.model_copy(update={"fenced": True, "error": launch.final.error or reason})
+                self._write_json(launch, "final.json", launch.final.model_dump(mode="json"))
 
     def next_kill_at(self) -> datetime | None:
         """When the next SIGKILL of a container being stopped is due (the end of its grace), if any: the agent
@@ -281,11 +350,13 @@ class DockerRuntime:
     def report(self) -> list[schema.ContainerReport]:
         """One report per launch this runtime knows, as Docker sees it now."""
         reports: list[schema.ContainerReport] = []
-        for launch in sorted(self._launches.values(), key=lambda item: item.launch_id):
+        for launch in self._launches.values():
             if launch.container is not None:
                 # A hiccup of the engine must not cost the heartbeat its report: say what was last seen.
                 with contextlib.suppress(DockerException, RequestException):
                     launch.container.reload()
+        self._note_watchdog_stops()
+        for launch in sorted(self._launches.values(), key=lambda item: item.launch_id):
             item = launch_report(launch)
             if item is None:
                 continue
@@ -371,6 +442,7 @@ class DockerRuntime:
             launch = Launch(launch_id=launch_id, reservation=labels.get(LABEL_RESERVATION) or launch_id, gpu_uuids=gpus)
             with contextlib.suppress(ValueError):
                 launch.stop_grace_s = int(labels.get(LABEL_GRACE, "30"))
+            launch.replaceable = labels.get(LABEL_REPLACEABLE) == "true"
             directory = self._dir(launch_id)
             with contextlib.suppress(OSError):
                 launch.warned_for = (directory / "warned").read_text().strip() or None
@@ -429,6 +501,8 @@ class DockerRuntime:
         mount_dir.mkdir(parents=True, exist_ok=True)
         # The job may run as any user; it must be able to read the warning file.
         os.chmod(mount_dir, 0o755)  # noqa: S103 - world-readable on purpose, nothing secret lives here
+        if spec.replaceable:
+            watchdog.prepare_mount_dir(mount_dir, busybox=self.busybox is not None)
         start = now >= spec.window_start
         launch.prepared = not start
         return self._submit(launch, self._op_create, spec, mount_dir, start)
@@ -473,6 +547,8 @@ class DockerRuntime:
             args = self._create_args(spec, mount_dir)
         except (LaunchRefused, DeviceError) as exc:
             return _Outcome(failure=str(exc))
+        except ImageNotFound:  # a replaceable launch reads the image's entrypoint first
+            return _Outcome(failure=f"image not found: {spec.image}")
         try:
             container = self.client.containers.create(**args)
         except ImageNotFound:
@@ -520,6 +596,14 @@ class DockerRuntime:
                 time.sleep(0.1)
 
     def _create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
+        args = self._plain_create_args(spec, mount_dir)
+        if not spec.replaceable:
+            return args
+        # Replaceable work runs under the lease watchdog, around what the image itself would run.
+        config = self.client.images.get(spec.image).attrs.get("Config") or {}
+        return watchdog.wrap(args, spec, image_config=config, lease=self.lease_dir, busybox=self.busybox)
+
+    def _plain_create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
         return create_args(
             spec,
             node=self.node,
