@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +336,34 @@ class System:
             [list(reservations)],
         )
         return dict(rows)  # type: ignore[arg-type]
+
+    def release(self, reservation: str) -> requests.Response:
+        return self.http.post(f"{self.url}/api/v1/reservations/{reservation}/release/", json={}, timeout=30)
+
+    def release_all(self, *, within: timedelta = timedelta(hours=1)) -> None:
+        """End (or cancel) every reservation whose window opens within ``within``, and wait for an idle fleet:
+        a case starts from nothing running, whatever the one before left."""
+        rows = self.sql(
+            "SELECT public_id::text FROM reservations_reservation "
+            "WHERE state IN ('pending', 'scheduled', 'starting', 'running') AND starts_at < %s",
+            [utcnow() + within],
+        )
+        for (reservation,) in rows:
+            self.release(reservation)
+        wait_for(
+            lambda: not [c for c in self.containers() if c.status == "running"],
+            timeout=90,
+            what="an idle fleet",
+            detail=self.containers,
+        )
+
+    def ensure_control_plane(self) -> None:
+        """The control plane running: started again when a case before left it stopped (it gave up, or the case
+        failed between a kill and the start)."""
+        if self.control_plane is None or self.control_plane.process.poll() is not None:
+            if self.control_plane is not None:
+                self.control_plane.stop()
+            self.start_control_plane()
 
     def placed_on(self, reservation: str) -> str | None:
         rows = self.sql(

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -62,6 +63,7 @@ SETTINGS = {
     "FLEET_STARTUP_GRACE_S": "10",
 }
 REQUEUE_AFTER_S = 4 + 2 + 2
+KILL_EVERY_S = 16.0
 assert OUTAGE_S > REQUEUE_AFTER_S + 4, "an outage shorter than the requeue threshold proves nothing"
 # Long windows: the three reservations outlive the module and are released at its end.
 LONG_WINDOW = timedelta(hours=1)
@@ -78,29 +80,39 @@ def system(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iter
         running.close()
 
 
-@pytest.fixture(scope="module")
+_LONG: list[str] = []
+
+
+@pytest.fixture
 def fleet(system: System) -> dict[str, Any]:
     """Three reservations running on two agents: two on the first, one on the second; the third agent idle in
-    maintenance (a follow-up's place in (c))."""
+    maintenance (a follow-up's place in (c)). The same three through the module while they run; booked again
+    when a failed case before left them interrupted, so that each case says what it alone did."""
     a, b, c = system.hostnames()
+    system.ensure_control_plane()
+    if _LONG and set(system.states(_LONG).values()) == {"running"} and all(system.running_for(r) for r in _LONG):
+        return {"long": list(_LONG), "hosts": (a, b, c)}
+    system.release_all()
+    _LONG.clear()
     system.set_states({a: "ready", b: "maintenance", c: "maintenance"})
     now = utcnow()
-    long = [
-        system.book(project="faults", name=f"long-{i}", start=now + timedelta(seconds=1), end=now + LONG_WINDOW)
-        for i in range(2)
-    ]
-    wait_for(lambda: all(system.placed_on(r) == a for r in long), timeout=30, what="two launches on the first")
+    for i in range(2):
+        _LONG.append(
+            system.book(project="faults", name=f"long-{i}", start=now + timedelta(seconds=1), end=now + LONG_WINDOW)
+        )
+    wait_for(lambda: all(system.placed_on(r) == a for r in _LONG), timeout=30, what="two launches on the first")
     system.set_states({b: "ready"})
-    long.append(
+    _LONG.append(
         system.book(project="faults", name="long-2", start=utcnow() + timedelta(seconds=1), end=now + LONG_WINDOW)
     )
-    wait_for(lambda: system.placed_on(long[2]) == b, timeout=30, what="the third launch on the second")
+    wait_for(lambda: system.placed_on(_LONG[2]) == b, timeout=30, what="the third launch on the second")
     wait_for(
-        lambda: all(system.running_for(r) for r in long) and set(system.states(long).values()) == {"running"},
+        lambda: all(system.running_for(r) for r in _LONG) and set(system.states(_LONG).values()) == {"running"},
         timeout=60,
         what="three containers running",
+        detail=lambda: (system.states(_LONG), system.containers()),
     )
-    return {"long": long, "hosts": (a, b, c)}
+    return {"long": list(_LONG), "hosts": (a, b, c)}
 
 
 # --- what every outage case checks ------------------------------------------------------------------------------
@@ -277,17 +289,25 @@ def test_web_killed_five_times_under_load_stops_nothing(system: System, fleet: d
     assert cp is not None
     since = utcnow()
     load = Bookers(system, clients=8)
+    answered: list[float] = []
+    killed_at = time.monotonic()
     try:
-        for _ in range(5):
+        for i in range(5):
+            if i:
+                # runsystem calls 5 deaths of one child within 60 s a crash loop and stops everything (its
+                # supervisor's policy): five kills, spread over more than that, are five faults, not a loop.
+                time.sleep(max(0.0, KILL_EVERY_S - (time.monotonic() - killed_at)))
             mark = cp.mark()
             pid = int(re.findall(r"web (?:re)?started \(pid (\d+)", cp.output)[-1])
-            os.kill(pid, 9)
+            killed_at = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
             cp.pid_of("web", after=mark, timeout=60)
             wait_for(system.api_ready, timeout=60, what="the restarted web server answering")
-            time.sleep(2)
+            answered.append(time.monotonic() - killed_at)
     finally:
         statuses = load.close()
     assert sum(1 for s in statuses if s == 201) > 0, statuses
+    print(f"\nweb killed 5 times: answered again after {', '.join(f'{s:.1f}' for s in answered)} s")
     wait_for(lambda: back(system, utcnow()), timeout=30, what="every agent heard after the last kill")
     check_nothing_interrupted(system, fleet, since, short=None)
 
@@ -323,7 +343,7 @@ def test_every_node_silent_together_is_held_not_lost(system: System, fleet: dict
 
 def test_usage_over_all_the_outages_is_what_ran(system: System, fleet: dict[str, Any]) -> None:
     for reservation in fleet["long"]:
-        response = system.http.post(f"{system.url}/api/v1/reservations/{reservation}/release/", json={}, timeout=30)
+        response = system.release(reservation)
         assert response.status_code == 200, response.text
     wait_for(lambda: set(system.states(fleet["long"]).values()) == {"completed"}, timeout=60, what="released and ended")
     for reservation in fleet["long"]:
@@ -356,12 +376,11 @@ def follow_up_of(system: System, reservation: str) -> str | None:
 
 
 @pytest.mark.parametrize("how", ["partition", "sigkill", "sigstop"])
-def test_a_silent_node_stops_replaceable_work_before_it_runs_elsewhere(
-    system: System, fleet: dict[str, Any], how: str
-) -> None:
-    victim_host, target_host, spare = fleet["hosts"]
+def test_a_silent_node_stops_replaceable_work_before_it_runs_elsewhere(system: System, how: str) -> None:
+    victim_host, target_host, spare = system.hostnames()
     victim = system.agent(victim_host)
-    wait_for(lambda: not [c for c in system.containers() if c.status == "running"], timeout=60, what="an idle fleet")
+    system.ensure_control_plane()
+    system.release_all()
     system.set_states({victim_host: "ready", target_host: "maintenance", spare: "maintenance"})
     now = utcnow()
     job = system.book(
@@ -398,5 +417,5 @@ def test_a_silent_node_stops_replaceable_work_before_it_runs_elsewhere(
     wait_for(lambda: back(system, utcnow()), timeout=60, what="the victim heard again")
     time.sleep(3)
     assert [c.name for c in system.containers() if c.reservation == job and c.status == "running"] == []
-    response = system.http.post(f"{system.url}/api/v1/reservations/{follow_up}/release/", json={}, timeout=30)
+    response = system.release(follow_up)
     assert response.status_code == 200, response.text
