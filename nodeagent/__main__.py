@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from nodeagent.backends.base import BackendUnavailable, GpuBackend
 from nodeagent.backends.simulated import SimulatedBackend, SimulatedSpecError
 from nodeagent.collectors import HostCollector
+from nodeagent.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
+from nodeagent.journal import Journal
 from nodeagent.runtime.base import ContainerRuntime, NullRuntime
 from nodeagent.runtime.devices import GpuInfo
 
@@ -108,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--state-dir",
         default=env("NODEAGENT_STATE_DIR") or default_state_dir(),
-        help="where the node credential is kept (NODEAGENT_STATE_DIR)",
+        help="where the node credential, the lease, the desired state last heard and the journal are kept "
+        "(NODEAGENT_STATE_DIR)",
     )
     run.add_argument(
         "--interval", type=float, default=5.0, help="heartbeat seconds until the control plane says otherwise"
@@ -171,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default the hostname)",
     )
     run.add_argument("--no-ssh", action="store_true", help="no SSH gateway")
+    run.add_argument(
+        "--journal-max-bytes",
+        type=int,
+        default=env("NODEAGENT_JOURNAL_MAX_BYTES") or DEFAULT_JOURNAL_MAX_BYTES,
+        help="the most the journal of unsent reports may hold in the state directory while the control plane "
+        "cannot answer; over it the oldest GPU samples go first, then events, never container starts and exits "
+        "(NODEAGENT_JOURNAL_MAX_BYTES, default 64 MiB)",
+    )
     run.add_argument(
         "--container-scope",
         metavar="NAME",
@@ -278,6 +289,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if value <= 0:
             print(f"nodeagent: {flag} must be a positive number of seconds, got {value}", file=sys.stderr)
             return 2
+    if args.journal_max_bytes < 1024 * 1024:
+        print(f"nodeagent: --journal-max-bytes must be at least 1 MiB, got {args.journal_max_bytes}", file=sys.stderr)
+        return 2
     bind: tuple[str, int] | None = None
     if not args.no_listen:
         try:
@@ -373,6 +387,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             backend=backend,
             runtime=runtime,
             state=AgentState(args.state_dir),
+            buffer=Journal(Path(args.state_dir) / "journal", max_bytes=args.journal_max_bytes),
             host=host,
             join_token=args.join_token,
             interval=args.interval,

@@ -3,11 +3,18 @@
 ``step()`` does whatever is due at the clock's time and says how long until the next thing is due, so tests
 drive the agent without sleeping and ``run()`` is only a loop around it that stops on SIGTERM or SIGINT.
 
-Fencing (DESIGN invariant 8, docs/agent.md): the control plane's reply gives a lease; with no answered heartbeat
-for that long, the agent stops its containers itself, because the control plane may be about to start the same
-work elsewhere. The lease runs from the moment the last answered heartbeat was *sent*, which is never later than
-the moment the control plane recorded it; the control plane waits the lease, the stop grace and a margin for the
-loop's own delays before it requeues (controlplane/fleet/fencing.py).
+Fencing (DESIGN invariants 8 and 12, docs/agent.md): the control plane's reply gives a lease; with no answered
+heartbeat for that long, the agent stops the containers the control plane would place elsewhere (``replaceable``),
+because it may be about to start the same work there. The lease runs from the moment the last answered heartbeat was
+*sent*, which is never later than the moment the control plane recorded it; the control plane waits the lease, the
+stop grace and a margin for the loop's own delays before it requeues (controlplane/fleet/fencing.py). A lease
+watchdog inside each replaceable container does the same when the agent itself cannot (nodeagent.runtime.watchdog).
+
+Everything else runs through the silence: the agent goes on converging on the desired state it last heard (kept on
+disk, so a restarted agent holds it too), ending each container at its window's end with the usual notice, and
+stops it only once the silence outlasts the outage tolerance the control plane told it. A control plane that tells
+no tolerance (older than it) has every container fenced at the lease, as before. What the agent would have reported
+meanwhile waits in its journal (nodeagent.journal) and is replayed in order when the control plane answers again.
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from typing import TYPE_CHECKING, Protocol
 import nodeagent
 from nodeagent import schema
 from nodeagent.backends.base import GpuBackend
-from nodeagent.client import Backoff, ControlPlaneClient, CredentialRevoked, Rejected, TelemetryBuffer, Unreachable
+from nodeagent.client import Backoff, ControlPlaneClient, CredentialRevoked, Rejected, Unreachable
 from nodeagent.collectors import EventCollector, GpuCollector, HostCollector
 from nodeagent.commands import CommandChannel, next_due
+from nodeagent.journal import Journal
 from nodeagent.mig import MigResult
 from nodeagent.runtime.base import ContainerRuntime
 from nodeagent.volumes import VolumeStore
@@ -44,6 +52,9 @@ MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 600.0
 MIN_REQUEST_TIMEOUT_S = 0.5
 # A SIGKILL the runtime could not send when due is tried again this much later.
 KILL_RETRY_S = 1.0
+# While the journal holds a backlog (a replay after an outage), the next heartbeat goes this soon, not an
+# interval later, so hours of samples catch up in minutes.
+REPLAY_INTERVAL_S = 0.5
 
 
 class Clock(Protocol):
@@ -107,21 +118,45 @@ class AgentState:
     def save_seq(self, seq: int) -> None:
         self._write("seq", f"{seq}\n")
 
-    def lease(self) -> tuple[datetime, float] | None:
-        """When the last answered heartbeat was sent (wall clock) and the lease it earned, or None."""
+    def lease(self) -> tuple[datetime, float, float | None] | None:
+        """When the last answered heartbeat was sent (wall clock), the lease it earned and the outage tolerance it
+        told (None: none), or None."""
         try:
             saved = json.loads((self.directory / "lease").read_text())
-            return datetime.fromisoformat(saved["renewed_at"]), float(saved["lease_s"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            tolerance = saved.get("outage_tolerance_s")
+            return (
+                datetime.fromisoformat(saved["renewed_at"]),
+                float(saved["lease_s"]),
+                None if tolerance is None else float(tolerance),
+            )
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
-    def save_lease(self, renewed_at: datetime, lease_s: float) -> None:
-        # Kept on disk so that a restarted agent cannot lengthen its lease: the control plane counts from the
-        # same heartbeat whether or not the agent restarted.
-        self._write("lease", json.dumps({"renewed_at": renewed_at.isoformat(), "lease_s": lease_s}) + "\n")
+    def save_lease(self, renewed_at: datetime, lease_s: float, outage_tolerance_s: float | None = None) -> None:
+        # Kept on disk so that a restarted agent cannot lengthen its lease (nor its tolerance): the control plane
+        # counts from the same heartbeat whether or not the agent restarted.
+        saved = {"renewed_at": renewed_at.isoformat(), "lease_s": lease_s, "outage_tolerance_s": outage_tolerance_s}
+        self._write("lease", json.dumps(saved) + "\n")
 
     def clear_lease(self) -> None:
         (self.directory / "lease").unlink(missing_ok=True)
+
+    def desired(self) -> tuple[list[schema.DesiredContainer], list[str]] | None:
+        """The desired state of the last answered heartbeat, or None when none was kept (or it does not parse)."""
+        try:
+            saved = json.loads((self.directory / "desired.json").read_text())
+            desired = [schema.DesiredContainer.model_validate(item) for item in saved["desired"]]
+            return desired, [str(launch_id) for launch_id in saved["stop"]]
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def save_desired(self, text: str) -> None:
+        # Mode 0600 like the credential: a launch's environment may hold the project's secrets.
+        self._write("desired.json", text)
+
+    @staticmethod
+    def desired_text(desired: list[schema.DesiredContainer], stop: list[str]) -> str:
+        return json.dumps({"desired": [d.model_dump(mode="json") for d in desired], "stop": stop}) + "\n"
 
     def _write(self, name: str, text: str) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -153,7 +188,7 @@ class Agent:
         sample_interval: float = 1.0,
         max_batch_samples: int = 1024,
         clock: Clock | None = None,
-        buffer: TelemetryBuffer | None = None,
+        buffer: Journal | None = None,
         backoff: Backoff | None = None,
         commands: CommandChannel | None = None,
         volumes: VolumeStore | None = None,
@@ -171,7 +206,8 @@ class Agent:
         self.sample_interval = sample_interval
         self.max_batch_samples = max_batch_samples
         self.clock = clock or SystemClock()
-        self.buffer = buffer or TelemetryBuffer()
+        # The journal (nodeagent.journal) behind every heartbeat: what is not yet answered waits there, on disk.
+        self.buffer = buffer if buffer is not None else Journal(state.directory / "journal")
         self.backoff = backoff or Backoff(base_s=2.0, cap_s=60.0)
         self.credential = state.credential()
         if self.credential is None and not join_token:
@@ -185,17 +221,23 @@ class Agent:
         self.server_state: str | None = None
         self.last_reply: schema.HeartbeatReply | None = None
         self._last_reports: list[schema.ContainerReport] = []
+        # Per launch, what its last journaled report said, so only a change (a start, an exit) is journaled.
+        self._journaled: dict[str, tuple[object, ...]] = {}
         start = self.clock.monotonic()
         self._next_sample = start
         self._next_heartbeat = start
-        # Fencing: the lease the control plane gave (None: it gives none, and the agent never fences), the
-        # monotonic time the last answered heartbeat was sent, and why the node is fenced while it is.
+        # Fencing: the lease the control plane gave (None: it gives none, and the agent never fences), the outage
+        # tolerance it told (None: it told none, and every container is fenced at the lease), the monotonic time
+        # the last answered heartbeat was sent, why the node is fenced while it is, and whether the fence covers
+        # every container (the tolerance ran out too) or only the replaceable ones.
         self.lease_s: float | None = None
+        self.outage_tolerance_s: float | None = None
         self._renewed_at: float | None = None
         self.fenced: str | None = None
+        self.fenced_all = False
         saved = state.lease()
         if saved is not None:
-            renewed_at, self.lease_s = saved
+            renewed_at, self.lease_s, self.outage_tolerance_s = saved
             # The monotonic clock starts again with the process; the wall clock says how much of the lease is gone.
             self._renewed_at = start - max(0.0, (self.clock.now() - renewed_at).total_seconds())
         self._stop = threading.Event()
@@ -206,7 +248,12 @@ class Agent:
         self.commands = commands
         # The node's volume root, when it has one: its usage measurements ride on the heartbeats.
         self.volumes = volumes
-        self._desired: tuple[list[schema.DesiredContainer], list[str]] = ([], [])
+        # The desired state last heard, kept on disk: a restarted agent acts on it as soon as the control plane
+        # does not answer (``_held`` until then), so its containers still end at their windows' ends.
+        held = state.desired()
+        self._desired: tuple[list[schema.DesiredContainer], list[str]] = held or ([], [])
+        self._desired_text = AgentState.desired_text(*held) if held is not None else None
+        self._held = held is not None
         self._next_due: float | None = None
         # A runtime that creates and starts containers in the background pokes the loop when one finished,
         # so a container created ahead of its window is started at once, not at the next heartbeat.
@@ -364,6 +411,7 @@ class Agent:
             container_runtime=self.runtime.facts(),
             command_url=self.commands.url if self.commands is not None else None,
             fencing=True,
+            outage_tolerant=True,
             volumes=self.volumes is not None,
             ssh=self.gateway.facts() if self.gateway is not None else None,
         )
@@ -378,12 +426,28 @@ class Agent:
             self.buffer.add_events(
                 [schema.AgentEvent(kind="error", ts=now, message=f"container report failed: {exc}"[:2000])]
             )
+            return self._last_reports
+        # A start or an exit goes into the journal as well: the runtime forgets a finished launch once the
+        # desired state lets go of it, and the report must still reach a control plane that was away then.
+        fresh = []
+        for report in self._last_reports:
+            key = (report.state, report.container_id, report.started_at, report.finished_at, report.exit_code)
+            if self._journaled.get(report.launch_id) != key:
+                self._journaled[report.launch_id] = key
+                fresh.append(report)
+        self.buffer.add_containers(fresh)
         return self._last_reports
 
     def _heartbeat(self, now: datetime, mono: float) -> None:
         assert self.credential
-        containers = self._container_reports(now)  # before take: it may add an event to the buffer
-        batch = self.buffer.take(max_samples=self.max_batch_samples, now=now)
+        current = self._container_reports(now)  # before take: it may add an event to the journal
+        batch = self.buffer.take(
+            max_samples=self.max_batch_samples, now=now, max_containers=schema.MAX_CONTAINERS - len(current)
+        )
+        # What runs now speaks for its launch; a journaled report speaks for a launch the runtime has forgotten
+        # since (the latest of the batch per launch; the control plane never moves a launch backwards).
+        replayed = {r.launch_id: r for r in batch.containers if r.launch_id not in {c.launch_id for c in current}}
+        containers = [*current, *replayed.values()]
         volumes = self.volumes.unsent() if self.volumes is not None else []
         self.seq += 1
         self.state.save_seq(self.seq)
@@ -428,19 +492,24 @@ class Agent:
             return
         except Unreachable as exc:
             delay = self.backoff.failure()
-            if self._fence_deadline() is not None:
+            if self._lease_deadline() is not None:
                 # While the lease runs, retry at the usual cadence: a control plane back within the lease renews
                 # it in time, and the containers keep running.
                 delay = min(delay, self.interval)
             log.warning(
-                "heartbeat %d failed (%d in a row), retrying in %.1f s; %d samples buffered: %s",
+                "heartbeat %d failed (%d in a row), retrying in %.1f s; %d samples journaled: %s",
                 self.seq,
                 self.backoff.failures,
                 delay,
-                len(self.buffer.samples),
+                self.buffer.pending("samples"),
                 exc,
             )
+            self.buffer.sync()
             self._next_heartbeat = mono + delay
+            if self._held:
+                # A restarted agent that cannot reach the control plane runs on the desired state it holds.
+                self._held = False
+                self._converge(*self._desired, now, reply_seq=None)
             return
         self.buffer.commit(batch)
         self._volumes_sent(volumes)
@@ -448,8 +517,11 @@ class Agent:
         self.last_reply = reply
         self.server_name, self.server_state = reply.server, reply.server_state
         self.interval = _clamp_interval(reply.heartbeat_interval_s)
-        self._next_heartbeat = mono + self.interval
-        self._renew(reply.lease_s, now, mono)
+        backlog = self.buffer.pending("samples") + self.buffer.pending("events") + self.buffer.pending("containers")
+        self._next_heartbeat = mono + (min(self.interval, REPLAY_INTERVAL_S) if backlog else self.interval)
+        self._renew(reply.lease_s, reply.outage_tolerance_s, now, mono)
+        self._held = False
+        self._hold(reply.desired, reply.stop)
         self._converge(reply.desired, reply.stop, now, reply_seq=self.seq)
         if reply.mig:
             self.apply_mig(reply.mig, now)
@@ -461,63 +533,95 @@ class Agent:
 
     # -- fencing --------------------------------------------------------------------------------------------
 
-    def _fence_deadline(self) -> float | None:
+    def _lease_deadline(self) -> float | None:
         """The monotonic time the lease runs out, while it runs; None when fenced or without a lease."""
         if self.fenced is not None or self.lease_s is None or self._renewed_at is None:
             return None
         return self._renewed_at + self.lease_s
 
+    def _fence_deadline(self) -> float | None:
+        """The monotonic time the next fence is due: the lease's end, then (fenced, replaceable work only) the
+        outage tolerance's; None when nothing is left to fence or there is no lease."""
+        lease = self._lease_deadline()
+        if lease is not None:
+            return lease
+        if self.fenced is None or self.fenced_all or self.outage_tolerance_s is None or self._renewed_at is None:
+            return None
+        return self._renewed_at + self.outage_tolerance_s
+
     def _check_lease(self, mono: float, now: datetime) -> None:
         deadline = self._fence_deadline()
         if deadline is not None and mono >= deadline:
-            self._fence(now, mono)
+            assert self.lease_s is not None and self._renewed_at is not None
+            tolerance = self.outage_tolerance_s
+            # No tolerance told (an older control plane): every container goes at the lease, as it always did.
+            everything = tolerance is None or mono - self._renewed_at >= tolerance
+            self._fence(now, mono, everything=everything)
 
-    def _fence(self, now: datetime, mono: float) -> None:
-        """No answered heartbeat for the lease: stop this node's containers before the control plane requeues them."""
+    def _fence(self, now: datetime, mono: float, *, everything: bool) -> None:
+        """No answered heartbeat for the lease: stop the replaceable containers before the control plane requeues
+        them; ``everything``: the others too (the silence outlasted the outage tolerance, or none was told)."""
         assert self.lease_s is not None and self._renewed_at is not None
         silent = mono - self._renewed_at
-        reason = f"fenced: no reply from the control plane for {silent:.1f} s (lease {self.lease_s:g} s)"
-        self.fenced = reason
-        log.warning("%s; stopping this node's containers", reason)
-        self.buffer.add_events(
-            [schema.AgentEvent(kind="agent", ts=now, message=f"{reason}; this node's containers are being stopped")]
-        )
+        if everything and self.outage_tolerance_s is not None:
+            limit = f"outage tolerance {self.outage_tolerance_s:g} s"
+        else:
+            limit = f"lease {self.lease_s:g} s"
+        reason = f"fenced: no reply from the control plane for {silent:.1f} s ({limit})"
+        self.fenced, self.fenced_all = reason, everything
+        if everything:
+            what = "this node's containers are being stopped"
+        else:
+            what = (
+                "this node's replaceable containers are being stopped; the others run on, to their windows' ends "
+                f"or for {self.outage_tolerance_s:g} s of silence"
+            )
+        log.warning("%s; %s", reason, what)
+        self.buffer.add_events([schema.AgentEvent(kind="agent", ts=now, message=f"{reason}; {what}"[:2000])])
         try:
-            self.runtime.fence(now, reason)
+            self.runtime.fence(now, reason, replaceable_only=not everything)
         except Exception as exc:  # the reconciles that follow fence what is still running
             log.exception("fencing the containers failed")
             self.buffer.add_events(
                 [schema.AgentEvent(kind="error", ts=now, message=f"fencing the containers failed: {exc}"[:2000])]
             )
-        # Fenced, the runtime starts nothing; this reconcile arms the timer for the SIGKILLs after the grace.
+        # Fenced, the runtime starts nothing fenced; this reconcile arms the timer for the SIGKILLs after the grace.
+        self._held = False
         self._converge(*self._desired, now, reply_seq=None)
 
-    def _renew(self, lease_s: float | None, now: datetime, mono: float) -> None:
-        """An answered heartbeat, sent at ``mono``: the lease starts again from then, and a fence is lifted."""
+    def _renew(self, lease_s: float | None, tolerance_s: float | None, now: datetime, mono: float) -> None:
+        """An answered heartbeat, sent at ``mono`` (``now``): the lease starts again from then, the lease watchdogs
+        of replaceable containers are told its new end, and a fence is lifted."""
         if lease_s is None:
             if self.lease_s is not None:
                 log.warning("the control plane gives this node no lease any more: it will not fence itself")
                 self.state.clear_lease()
-            self.lease_s = self._renewed_at = None
+            self.lease_s = self._renewed_at = self.outage_tolerance_s = None
         else:
-            self.lease_s, self._renewed_at = lease_s, mono
-            self.state.save_lease(now, lease_s)
+            self.lease_s, self.outage_tolerance_s, self._renewed_at = lease_s, tolerance_s, mono
+            self.state.save_lease(now, lease_s, tolerance_s)
+        renew = getattr(self.runtime, "renew_lease", None)
+        if renew is not None:
+            try:
+                renew(None if lease_s is None else now + timedelta(seconds=lease_s))
+            except Exception:  # the watchdogs stop their jobs at the old deadline; the agent would fence them too
+                log.exception("renewing the lease watchdogs' deadline failed")
         if self.fenced is not None:
             log.info("the control plane answers again; the fence is lifted (%s)", self.fenced)
             self.buffer.add_events(
                 [schema.AgentEvent(kind="agent", ts=now, message=f"the control plane answers again; was {self.fenced}")]
             )
-            self.fenced = None
+            self.fenced, self.fenced_all = None, False
             self.runtime.unfence()
 
     def _request_timeout(self, mono: float, now: datetime) -> tuple[float, float] | None:
         """The heartbeat's timeouts, so that a request into a dead network returns before the fence is due (or,
-        fenced, before a container's SIGKILL is); None: the client's own."""
-        if self.fenced is None:
-            deadline = self._fence_deadline()
-        else:
+        fenced, before a container's SIGKILL or the tolerance's fence is); None: the client's own."""
+        deadlines = [self._fence_deadline()]
+        if self.fenced is not None:
             kill = self._next_kill_at(now)
-            deadline = None if kill is None else mono + (kill - now).total_seconds()
+            deadlines.append(None if kill is None else mono + (kill - now).total_seconds())
+        deadline = min((d for d in deadlines if d is not None), default=None)
         if deadline is None:
             return None
         each = max(MIN_REQUEST_TIMEOUT_S, (deadline - mono) / 2)
@@ -532,6 +636,18 @@ class Agent:
         if kill is not None and kill <= now:
             return now + timedelta(seconds=KILL_RETRY_S)  # due and not sent: the engine did not take it
         return kill
+
+    def _hold(self, desired: list[schema.DesiredContainer], stop: list[str]) -> None:
+        """Keep a reply's desired state on disk (when it changed), for an agent restarted while the control plane
+        is away."""
+        text = AgentState.desired_text(desired, stop)
+        if text != self._desired_text:
+            try:
+                self.state.save_desired(text)
+            except OSError:
+                log.exception("keeping the desired state in %s failed", self.state.directory)
+                return
+            self._desired_text = text
 
     def _converge(
         self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime, *, reply_seq: int | None

@@ -1,8 +1,9 @@
-"""Talking to the control plane: enrollment, heartbeats, backoff, and the buffer that outlives an outage.
+"""Talking to the control plane: enrollment, heartbeats and backoff.
 
 Failure rules:
 - unreachable, timeout, 5xx, or a reply that fails the schema: retry later with exponential backoff, jitter
-  and a cap; samples and events stay in a bounded buffer (oldest dropped first, drops counted and reported);
+  and a cap; samples, events and container reports stay in the agent's journal (``nodeagent.journal``: on disk,
+  bounded, the oldest samples dropped first, drops counted and reported);
 - 401: the node's credential was revoked; the agent stops and says what to do;
 - 413: the payload was too large; the next heartbeat sends half as many samples;
 - any other 4xx: the payload would never succeed, so it is logged and dropped.
@@ -12,10 +13,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import requests
 from pydantic import BaseModel, ValidationError
@@ -156,68 +155,3 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
-
-
-@dataclass
-class Batch:
-    samples: list[schema.GpuSample]
-    events: list[schema.AgentEvent]
-    buffered_events: int = 0  # how many of ``events`` came from the buffer (the rest is the drop report)
-
-
-class TelemetryBuffer:
-    """Samples and events waiting to be sent; bounded, so an outage costs the oldest data and never memory.
-
-    ``take`` hands out the oldest items without removing them; ``commit`` removes them once the control plane
-    has them (or once they are known never to be accepted). The agent is single-threaded and appends nothing
-    between the two, so the items taken are still the oldest ones at commit.
-    """
-
-    def __init__(self, *, max_samples: int = schema.MAX_SAMPLES, max_events: int = schema.MAX_EVENTS - 1) -> None:
-        self.samples: deque[schema.GpuSample] = deque(maxlen=max_samples)
-        # One place in a heartbeat stays free for the event that reports drops.
-        self.events: deque[schema.AgentEvent] = deque(maxlen=min(max_events, schema.MAX_EVENTS - 1))
-        self.dropped_samples = 0
-        self.dropped_events = 0
-        self._unreported_samples = 0
-        self._unreported_events = 0
-
-    def add_samples(self, samples: list[schema.GpuSample]) -> None:
-        for sample in samples:
-            if len(self.samples) == self.samples.maxlen:
-                self.dropped_samples += 1
-                self._unreported_samples += 1
-            self.samples.append(sample)
-
-    def add_events(self, events: list[schema.AgentEvent]) -> None:
-        for event in events:
-            if len(self.events) == self.events.maxlen:
-                self.dropped_events += 1
-                self._unreported_events += 1
-            self.events.append(event)
-
-    def take(self, *, max_samples: int, now: Any) -> Batch:
-        samples = [self.samples[i] for i in range(min(max_samples, len(self.samples)))]
-        events = list(self.events)
-        buffered_events = len(events)
-        if self._unreported_samples or self._unreported_events:
-            events.append(
-                schema.AgentEvent(
-                    kind="agent",
-                    ts=now,
-                    message=(
-                        f"telemetry buffer full while the control plane was unreachable: dropped the oldest "
-                        f"{self._unreported_samples} samples and {self._unreported_events} events"
-                    ),
-                )
-            )
-        return Batch(samples=samples, events=events, buffered_events=buffered_events)
-
-    def commit(self, batch: Batch) -> None:
-        for _ in range(len(batch.samples)):
-            self.samples.popleft()
-        for _ in range(min(batch.buffered_events, len(self.events))):
-            self.events.popleft()
-        if len(batch.events) > batch.buffered_events:  # the drop report went out
-            self._unreported_samples = 0
-            self._unreported_events = 0

@@ -12,6 +12,11 @@ Only the database is required: without it nothing is served (503). Without Redis
 cache fails open, controlplane/core/cache.py; bookings answer 201 and the agents' heartbeats open the windows),
 so a cache or broker that is down makes the state ``degraded`` and the answer 200: taking every replica out of
 the balancer because Redis is down would turn a delay into an outage.
+
+Apps above may add **facts** to the body (``register_fact``): the fleet says whether node-loss handling is held
+(``node_loss``: a grace after our own outage, or a disruption). A fact never changes the answer: a held
+detector is the system protecting itself, not a reason to stop serving. Facts are read, once the database
+answered, in the same pool and within the same deadline; one that fails or hangs is named as such.
 """
 
 from __future__ import annotations
@@ -89,6 +94,23 @@ def broker_check() -> None:
     raise ValueError(f"no check for the broker transport {url.partition('://')[0]!r}")
 
 
+Fact = Callable[[], dict[str, Any]]
+_facts: dict[str, Fact] = {}
+
+
+def register_fact(name: str, fact: Fact) -> None:
+    """An app above core adds ``name`` to the readiness body (in its ``AppConfig.ready()``)."""
+    _facts[name] = fact
+
+
+def _read_fact(fact: Fact) -> dict[str, Any]:
+    try:
+        return fact()
+    finally:
+        # This thread serves no request, so nothing else would ever close its connection.
+        connections["default"].close()
+
+
 CHECKS: dict[str, Callable[[], None]] = {
     "database": database_check,
     "cache": cache_check,
@@ -115,6 +137,18 @@ class _Runner:
                 out[name] = Check("timeout", timeout_s() * 1000, f"no answer within {timeout_s():g} s")
         return out
 
+    def facts(self, deadline: float) -> dict[str, Any]:
+        futures = {name: self._pool.submit(_read_fact, fact) for name, fact in _facts.items()}
+        out: dict[str, Any] = {}
+        for name, future in futures.items():
+            try:
+                out[name] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                out[name] = {"error": f"no answer within {timeout_s():g} s"}
+            except Exception as exc:
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        return out
+
     def _submit(self, name: str) -> Future[Check]:
         with self._lock:
             future = self._inflight.get(name)
@@ -138,11 +172,14 @@ _runner = _Runner()
 
 def readiness() -> tuple[bool, dict[str, Any]]:
     """(ready, body): ready unless a required dependency is not ``ok``; body names every dependency."""
+    deadline = time.monotonic() + timeout_s()
     checks = _runner.run(tuple(CHECKS))
     ready = all(checks[name].state == "ok" for name in REQUIRED)
     degraded = any(check.state != "ok" for check in checks.values())
-    body = {
+    body: dict[str, Any] = {
         "status": "unavailable" if not ready else "degraded" if degraded else "ok",
         "checks": {name: check.as_dict(required=name in REQUIRED) for name, check in checks.items()},
     }
+    if ready and _facts:
+        body.update(_runner.facts(deadline))
     return ready, body

@@ -32,8 +32,8 @@ class DispatchConfig(AppConfig):
         def containers_reported(server: Any, container_reports: Sequence[ContainerReport], now: datetime) -> None:
             reports.containers_reported(server=server, reports=container_reports, now=now)
 
-        def server_lost(server: Any, now: datetime) -> int:
-            return recovery.server_lost(server=server, now=now)
+        def server_lost(server: Any, now: datetime, silent_s: float) -> int:
+            return recovery.server_lost(server=server, now=now, silent_s=silent_s)
 
         reservation_hooks.booked.register(booked)
         reservation_hooks.changed.register(changed)

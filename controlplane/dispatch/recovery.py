@@ -1,10 +1,11 @@
 """Node loss: a server that stopped sending heartbeats loses its launches; their reservations are interrupted,
 settled for the time used, and requeued as linked follow-ups where the project opted in.
 
-Fencing (docs/fleet.md): node-loss detection calls ``server_lost`` only once the server's agent has had time to
-stop its containers itself (its lease, the stop grace and a margin), and an agent that did so and came back first
-reports the stop as ``fenced``, which ``launch_fenced`` treats the same way. Either way the old container is gone
-before the follow-up is booked."""
+Fencing (docs/fleet.md, "Outages and node loss"): node-loss detection calls ``server_lost`` with the silence it
+counts, and a launch is given up only once its agent has had time to stop it itself: replaceable work at its
+lease, other work at its outage tolerance (each plus the stop grace and a margin). An agent that stopped work on
+its own and came back first reports the stop as ``fenced``, which ``launch_fenced`` treats the same way. Either
+way the old container is gone before a follow-up is booked."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from controlplane.core.errors import DomainError
 from controlplane.dispatch.choices import LIVE_LAUNCH_STATES, LaunchState
 from controlplane.dispatch.models import Launch, Requeue
 from controlplane.dispatch.services import ACTOR, RUN_STATES, _finish, _setting, reservation_open
+from controlplane.fleet import fencing
 from controlplane.inventory.models import Server
 from controlplane.reservations.choices import HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Reservation
@@ -33,17 +35,32 @@ def replaceable(reservation: Reservation) -> bool:
     return bool(reservation.project.requeue_on_interrupt)
 
 
-def server_lost(*, server: Server, now: datetime) -> int:
-    """``server`` stopped sending heartbeats long enough ago for its agent to have fenced itself: its launches
-    are lost, their reservations interrupted and settled for the time used (up to the last heartbeat), and
-    requeued where the project opted in. Returns how many launches were lost."""
+def release_after_s(launch: Launch) -> float:
+    """Seconds of silence of its server after which ``launch`` is given up: its agent stopped replaceable work at
+    its lease, other work at its outage tolerance (or the window's end, which comes first), and each has had its
+    stop grace and the margin since (``fleet.fencing``)."""
+    interval = launch.server.heartbeat_interval_s
+    return fencing.release_after_s(interval, replaceable=replaceable(launch.reservation))
+
+
+def server_lost(*, server: Server, now: datetime, silent_s: float) -> int:
+    """``server`` is offline and has been silent for ``silent_s``: give up the launches whose agent has stopped
+    them by now (``release_after_s``, by kind of work), interrupt their reservations, settle them for the time
+    used (up to the last heartbeat: all the control plane can vouch for), and requeue the replaceable ones.
+    The other launches stay live and keep their GPUs: their agent keeps them running through the outage.
+    Returns how many launches were given up."""
     last_seen = server.last_heartbeat_at or now
     reason = f"server {server.hostname} stopped sending heartbeats"
     if server.last_heartbeat_at is not None:
         reason += f" {(now - server.last_heartbeat_at).total_seconds():.0f} s ago"
     reservation_ids: set[int] = set()
     lost = 0
-    for launch in Launch.objects.filter(server=server, state__in=LIVE_LAUNCH_STATES):
+    live = Launch.objects.filter(server=server, state__in=LIVE_LAUNCH_STATES).select_related(
+        "server", "reservation__project"
+    )
+    for launch in live:
+        if silent_s < release_after_s(launch):
+            continue
         fields: dict[str, object] = {"state": LaunchState.LOST, "error": reason, "updated_at": now}
         if launch.started_at is not None and launch.finished_at is None:
             fields["finished_at"] = max(launch.started_at, min(last_seen, now))

@@ -23,7 +23,7 @@ from typing import Any
 import requests
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef
 from django.utils import timezone
 
 from controlplane.core.broker import broker_guard
@@ -535,7 +535,17 @@ def _close_stuck(*, now: datetime) -> int:
         ):
             settle(reservation_id=reservation_id, now=now)
             handled += 1
-    unconfirmed = Reservation.objects.filter(state=ReservationState.ENDING, ends_at__lte=now - stop_timeout)
+    # An agent not heard from since its stop was due has not been able to confirm it: it is silent (its node,
+    # our network or our own outage), and keeps work running to the window's end on its own. Its reports, replayed
+    # when it is back, say when the container really stopped, or node loss gives the launch up at its release
+    # time (fleet.fencing): settling now would charge a guess. (docs/fleet.md, "Outages and node loss")
+    stop_due = ExpressionWrapper(OuterRef("ends_at") + stop_timeout, output_field=DateTimeField())
+    unheard = Launch.objects.filter(
+        reservation=OuterRef("pk"), state__in=LIVE_LAUNCH_STATES, server__last_heartbeat_at__lt=stop_due
+    )
+    unconfirmed = Reservation.objects.filter(state=ReservationState.ENDING, ends_at__lte=now - stop_timeout).exclude(
+        Exists(unheard)
+    )
     for reservation in unconfirmed[:BATCH]:
         handled += _give_up_waiting(reservation_id=reservation.pk, now=now)
     return handled

@@ -16,3 +16,9 @@ class FleetConfig(AppConfig):
             revoke_active_credentials(server=server, actor=actor, reason=reason)
 
         inventory_hooks.server_retired.register(server_retired)
+
+        # /readyz says whether node-loss handling is held (a grace, a disruption): docs/fleet.md.
+        from controlplane.core import health
+        from controlplane.fleet import nodeloss
+
+        health.register_fact("node_loss", lambda: nodeloss.current_hold().as_dict())

@@ -25,7 +25,8 @@ work_probe_hook: RequiredHook[[Server, datetime], tuple[str, list[Any]]] = Requi
 containers_reported_hook: RequiredHook[[Server, Sequence[ContainerReport], datetime], None] = RequiredHook(
     "fleet.containers_reported", provider=DISPATCH
 )
-server_lost_hook: RequiredHook[[Server, datetime], int] = RequiredHook("fleet.server_lost", provider=DISPATCH)
+# (server, now, seconds of silence as node loss counts them) -> how many launches were given up
+server_lost_hook: RequiredHook[[Server, datetime, float], int] = RequiredHook("fleet.server_lost", provider=DISPATCH)
 
 
 def desired_state_for(
@@ -47,10 +48,11 @@ def containers_reported(server: Server, reports: Sequence[ContainerReport], now:
     containers_reported_hook(server, reports, now)
 
 
-def server_lost(server: Server, now: datetime) -> int:
-    """``server`` has been offline long enough for its agent to have fenced itself (``fleet.fencing``): its
-    launches are lost. How many were."""
-    return server_lost_hook(server, now)
+def server_lost(server: Server, now: datetime, silent_s: float) -> int:
+    """``server`` is offline and has been silent for ``silent_s`` (as node loss counts it, never more than since
+    its last heartbeat): dispatch gives up the launches whose agent has stopped them by now, by kind of work
+    (``fleet.fencing.release_after_s``). How many it gave up."""
+    return server_lost_hook(server, now, silent_s)
 
 
 # -- hooks for apps above the fleet (filled in by their AppConfig.ready()) ---------------------------------

@@ -1,8 +1,9 @@
 """Prometheus exposition of the fleet, read from the database at scrape time.
 
-One collector registered once in a private registry; each scrape runs three queries. Beside it, two counters
-that each process keeps in memory, of the calls that went without Redis (controlplane/core/cache.py and
-broker.py): per process, so with several web processes a scrape sees the one that answered it.
+One collector registered once in a private registry; each scrape runs five queries (the last two: node loss).
+Beside it, two counters that each process keeps in memory, of the calls that went without Redis
+(controlplane/core/cache.py and broker.py): per process, so with several web processes a scrape sees the one
+that answered it.
 
 Per-GPU series carry DCGM's names and labels (``gpu``, ``UUID``-style ``uuid``, ``modelName``,
 ``Hostname``-style ``hostname``) so dashboards built for dcgm-exporter work, plus ``simulated`` so simulated
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from controlplane.core.broker import PUBLISH_ERRORS
 from controlplane.core.cache import CACHE_ERRORS
+from controlplane.fleet.nodeloss import current_hold
 from controlplane.inventory.choices import GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
 from nodeagent import schema
@@ -70,6 +72,37 @@ class FleetCollector(Collector):
                     family.add_metric(labels, float(value))
         yield from families.values()
         yield unhealthy
+        yield from node_loss_series()
+
+
+def node_loss_series() -> Iterator[Metric]:
+    """Whether node-loss handling is held and why, and what the detector's last pass counted (two queries)."""
+    hold = current_hold()
+    held = GaugeMetricFamily(
+        "gpucp_node_loss_held",
+        "1 while node-loss handling is held (no server marked offline, nothing interrupted or requeued), by reason: "
+        "grace (after the detector or the database was away) or disruption (most servers silent together).",
+        labels=["reason"],
+    )
+    for reason in ("grace", "disruption"):
+        held.add_metric([reason], 1 if hold.reason == reason else 0)
+    yield held
+    yield GaugeMetricFamily(
+        "gpucp_servers_silent",
+        "Live servers silent past the offline threshold at the detector's last pass.",
+        value=hold.silent_servers,
+    )
+    yield GaugeMetricFamily(
+        "gpucp_servers_live",
+        "Live servers (not retired, ever heard) at the detector's last pass: what a disruption is a share of.",
+        value=hold.live_servers,
+    )
+    if hold.last_pass_at is not None:
+        yield GaugeMetricFamily(
+            "gpucp_node_loss_last_pass_timestamp_seconds",
+            "When node-loss detection last completed a pass (alert when it falls behind).",
+            value=hold.last_pass_at.timestamp(),
+        )
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -129,3 +129,58 @@ class GpuTelemetryMinute(models.Model):
     @property
     def dram_active_avg(self) -> float | None:
         return self.dram_active_sum / self.dram_active_samples if self.dram_active_samples else None
+
+
+class NodeLossWatch(models.Model):
+    """The node-loss detector's own record: one row (pk 1), locked by every pass, so two beats judge in turn.
+
+    ``last_pass_at`` is the detector's last successful pass. A pass that finds it further back than a few beat
+    periods knows the detector, its worker, its beat or the database was away, and that the silence servers
+    accrued meanwhile may be ours: it opens a grace (until ``grace_until``) in which no server is marked offline
+    or lost, and from then on silence counts from ``silence_counts_from`` (the grace's start) at the earliest.
+    The end of a disruption opens a grace too, without moving ``silence_counts_from``: stragglers get time to
+    come back, but the silence seen during it was real for their agents as well.
+    ``silent_servers``/``live_servers`` are the last pass's count, for /readyz and /metrics.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    silence_counts_from = models.DateTimeField(
+        null=True, blank=True, help_text="The start of the last grace after our absence: no silence before it counts."
+    )
+    grace_until = models.DateTimeField(null=True, blank=True)
+    grace_reason = models.CharField(max_length=200, blank=True)
+    silent_servers = models.PositiveIntegerField(default=0)
+    live_servers = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="node_loss_watch_singleton")]
+
+    def __str__(self) -> str:
+        return f"node-loss watch (last pass {self.last_pass_at})"
+
+    def in_grace(self, now: datetime) -> bool:
+        return self.grace_until is not None and now < self.grace_until
+
+
+class NodeLossDisruption(models.Model):
+    """An incident in which more than FLEET_DISRUPTION_SHARE of the live servers (and at least
+    FLEET_DISRUPTION_MIN_SERVERS) were silent together: node-loss handling was held from ``started_at`` to
+    ``ended_at`` (open while null). At most one is open; the detector opens and closes them under the watch's
+    row lock."""
+
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    silent_servers = models.PositiveIntegerField(help_text="Silent servers when it started.")
+    live_servers = models.PositiveIntegerField(help_text="Live servers (not retired, ever heard) when it started.")
+    most_silent = models.PositiveIntegerField(help_text="The most servers silent at once during it.")
+    hostnames = models.JSONField(default=list, blank=True, help_text="The servers silent when it started.")
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["started_at"], condition=Q(ended_at__isnull=True), name="disruption_open")]
+
+    def __str__(self) -> str:
+        return f"disruption from {self.started_at:%Y-%m-%d %H:%M:%S}" + (
+            f" to {self.ended_at:%H:%M:%S}" if self.ended_at else " (open)"
+        )

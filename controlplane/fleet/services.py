@@ -1,28 +1,28 @@
-"""Fleet workflows: enrollment, credentials, acknowledgement of GPU faults, node loss, telemetry pruning.
+"""Fleet workflows: enrollment, credentials, acknowledgement of GPU faults, telemetry pruning.
 
-The heartbeat itself lives in ``controlplane.fleet.ingest`` (re-exported here).
+The heartbeat itself lives in ``controlplane.fleet.ingest`` and node loss in ``controlplane.fleet.nodeloss``
+(both re-exported here).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.core import domain_events, tokens
 from controlplane.core.errors import Conflict, PermissionDenied, ValidationFailed
-from controlplane.fleet import desired, fencing, health
+from controlplane.fleet import health
 from controlplane.fleet.ingest import heartbeat_ingest, heartbeat_ingest_with_credential
 from controlplane.fleet.models import GpuTelemetryMinute, JoinToken, NodeCredential
+from controlplane.fleet.nodeloss import detect_lost_servers
 from controlplane.inventory.choices import EventKind, GpuHealth, ServerState
 from controlplane.inventory.models import Gpu, Server
-from controlplane.inventory.services import NODE_LOSS_ACTOR, server_event
+from controlplane.inventory.services import server_event
 
 __all__ = [
     "agent_enroll",
@@ -202,94 +202,6 @@ def gpu_acknowledge(*, gpu: Gpu, actor: Any, reason: str) -> Gpu:
     ).save()
     locked.refresh_from_db()
     return locked
-
-
-def detect_lost_servers(now: datetime | None = None) -> int:
-    """Node loss, in two steps (docs/fleet.md, "Node loss and fencing"):
-
-    1. a server silent for FLEET_OFFLINE_AFTER_INTERVALS of its heartbeat interval goes offline, and nothing new
-       is placed on it;
-    2. once it has been silent for ``fencing.requeue_after_s`` (its agent's lease, the stop grace and a margin:
-       by then a fencing agent has stopped its containers), dispatch loses its launches, interrupting and
-       requeuing their reservations.
-
-    Each server is its own transaction, so one failure does not hold back the rest. Returns how many servers
-    either step acted on.
-    """
-    now = now or timezone.now()
-    live = Server.objects.exclude(state__in=[ServerState.OFFLINE, ServerState.RETIRED])
-    acted: set[int] = set()
-    for server in _silent(live, now, fencing.offline_after_s):
-        if _mark_offline(server=server, now=now):
-            acted.add(server.pk)
-    for server in _silent(Server.objects.filter(state=ServerState.OFFLINE), now, fencing.requeue_after_s):
-        if _release_launches(server=server, now=now):
-            acted.add(server.pk)
-    return len(acted)
-
-
-def _silent(servers: QuerySet[Server], now: datetime, limit_s: Callable[[float], float]) -> list[Server]:
-    """The servers whose last heartbeat is more than ``limit_s(their interval)`` before ``now``."""
-    shortest = servers.order_by("heartbeat_interval_s").values_list("heartbeat_interval_s", flat=True).first()
-    if shortest is None:
-        return []
-    # The shortest interval gives the widest net for the index; each server is then judged by its own interval.
-    candidates = servers.filter(last_heartbeat_at__lt=now - timedelta(seconds=limit_s(shortest)))
-    found = []
-    for server in candidates.only("pk", "hostname", "state", "heartbeat_interval_s", "last_heartbeat_at"):
-        assert server.last_heartbeat_at is not None  # the filter above
-        if server.last_heartbeat_at + timedelta(seconds=limit_s(server.heartbeat_interval_s)) < now:
-            found.append(server)
-    return found
-
-
-@transaction.atomic
-def _mark_offline(*, server: Server, now: datetime) -> bool:
-    last = server.last_heartbeat_at
-    assert last is not None
-    silent_for = (now - last).total_seconds()
-    # Conditional on the last heartbeat we judged: one that arrived meanwhile keeps the server online.
-    if (
-        Server.objects.filter(pk=server.pk, state=server.state, last_heartbeat_at=server.last_heartbeat_at).update(
-            state=ServerState.OFFLINE, state_before_offline=server.state
-        )
-        != 1
-    ):
-        return False
-    requeue_after = fencing.requeue_after_s(server.heartbeat_interval_s)
-    event = server_event(
-        server=server,
-        kind=EventKind.STATE,
-        actor=NODE_LOSS_ACTOR,
-        from_state=server.state,
-        to_state=ServerState.OFFLINE,
-        at=now,
-        reason=f"no heartbeat for {silent_for:.0f} s (limit {settings.FLEET_OFFLINE_AFTER_INTERVALS} x "
-        f"{server.heartbeat_interval_s:g} s); its launches are requeued once it has been silent for "
-        f"{requeue_after:g} s",
-        data={
-            "last_heartbeat_at": last.isoformat(),
-            "requeue_at": (last + timedelta(seconds=requeue_after)).isoformat(),
-        },
-    )
-    event.save()
-    domain_events.publish("server", [event])
-    return True
-
-
-@transaction.atomic
-def _release_launches(*, server: Server, now: datetime) -> bool:
-    """Hand an offline server's launches to dispatch as lost; True when it had any."""
-    # Under the server's row lock, which a heartbeat takes first too: a heartbeat that arrived meanwhile has
-    # brought the server back, and its agent's own reports (fenced or running) settle its launches instead.
-    locked = (
-        Server.objects.select_for_update()
-        .filter(pk=server.pk, state=ServerState.OFFLINE, last_heartbeat_at=server.last_heartbeat_at)
-        .first()
-    )
-    if locked is None:
-        return False
-    return desired.server_lost(locked, now) > 0
 
 
 def prune_telemetry(now: datetime | None = None) -> int:

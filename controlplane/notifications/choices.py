@@ -18,12 +18,23 @@ class EventType(models.TextChoices):
     BUDGET_THRESHOLD = "project.budget_threshold", "Budget threshold crossed"
     JOIN_TOKEN_USED = "fleet.join_token_used", "Join token used"
     SERVER_LOST = "fleet.server_lost", "Server lost"
+    SERVER_BACK = "fleet.server_back", "Server back"
+    DISRUPTION = "fleet.disruption", "Node loss held (disruption)"
+    DISRUPTION_ENDED = "fleet.disruption_ended", "Disruption over"
     # Sent by "send test event" to one endpoint only; never a notification, never a preference.
     TEST = "webhook.test", "Test event"
 
 
 # Events about the fleet, for operators (staff); they belong to no project, so no project webhook gets them.
-OPERATOR_EVENTS = frozenset({EventType.JOIN_TOKEN_USED, EventType.SERVER_LOST})
+OPERATOR_EVENTS = frozenset(
+    {
+        EventType.JOIN_TOKEN_USED,
+        EventType.SERVER_LOST,
+        EventType.SERVER_BACK,
+        EventType.DISRUPTION,
+        EventType.DISRUPTION_ENDED,
+    }
+)
 # The events a person (preferences) or an endpoint (its event list) may choose.
 SUBSCRIBABLE_EVENTS = [t for t in EventType if t != EventType.TEST]
 
@@ -53,6 +64,9 @@ DEFAULT_CHANNELS: dict[str, str] = {
     EventType.BUDGET_THRESHOLD: Channel.EMAIL,
     EventType.JOIN_TOKEN_USED: Channel.NONE,
     EventType.SERVER_LOST: Channel.EMAIL,
+    EventType.SERVER_BACK: Channel.EMAIL,
+    EventType.DISRUPTION: Channel.EMAIL,
+    EventType.DISRUPTION_ENDED: Channel.EMAIL,
 }
 
 

@@ -8,7 +8,9 @@ writes the outbox rows and asks for a fan-out after the commit. Which reservatio
 - extended: an event without a state change that carries ``old_ends_at``;
 - failed, interrupted: -> failed, -> interrupted; requeued: the note carrying ``follow_up``;
 - GPU fault: a GPU's health going unhealthy while an active allocation holds it now;
-- server lost: a server going offline; join token used: an enrollment.
+- servers lost: the servers one node-loss pass marked offline, as one digest; server back: a heartbeat bringing
+  an offline server back; disruption (and its end): node-loss handling held because most servers went silent
+  together, once per incident; join token used: an enrollment.
 """
 
 from __future__ import annotations
@@ -109,16 +111,75 @@ def _gpu_faults(events: Sequence[Any]) -> list[Event]:
 
 
 def _servers_lost(events: Sequence[Any]) -> list[Event]:
+    """One digest for every server a node-loss pass marked offline (it publishes them together): an incident
+    that takes ten servers is one email, listing them, not ten."""
+    offline = [e for e in events if e.kind == EventKind.STATE and e.to_state == ServerState.OFFLINE]
+    if not offline:
+        return []
+    servers = [
+        {
+            "hostname": (e.data or {}).get("hostname") or _hostname(e.server_id),
+            "reason": e.reason,
+            "from_state": e.from_state,
+            **{k: v for k, v in (e.data or {}).items() if k != "hostname"},
+        }
+        for e in offline
+    ]
     return [
         Event(
             type=EventType.SERVER_LOST,
+            # A digest of one is about that server (its page, its name in the title); of more, about the fleet.
+            server_id=offline[0].server_id if len(offline) == 1 else None,
+            payload={"count": len(servers), "servers": servers, "reason": offline[0].reason},
+            occurred_at=offline[0].at,
+        )
+    ]
+
+
+def _servers_back(events: Sequence[Any]) -> list[Event]:
+    """A heartbeat brought an offline server back (the ingest's state event out of offline)."""
+    return [
+        Event(
+            type=EventType.SERVER_BACK,
             server_id=e.server_id,
-            payload={"reason": e.reason, "from_state": e.from_state, **(e.data or {})},
+            payload={"reason": e.reason, "to_state": e.to_state, **(e.data or {})},
             occurred_at=e.at,
         )
         for e in events
-        if e.kind == EventKind.STATE and e.to_state == ServerState.OFFLINE
+        if e.kind == EventKind.STATE
+        and e.from_state == ServerState.OFFLINE
+        and e.to_state not in (ServerState.OFFLINE, ServerState.RETIRED)
     ]
+
+
+def _hostname(server_id: int | None) -> str:
+    from controlplane.inventory.models import Server
+
+    return str(Server.objects.filter(pk=server_id).values_list("hostname", flat=True).first() or "")
+
+
+def _disruptions(incidents: Sequence[Any]) -> list[Event]:
+    """Node loss held, and released: one event each per incident (the unique key makes a second pass's
+    publication of the same incident a no-op)."""
+    rows = []
+    for incident in incidents:
+        ended = incident.ended_at is not None
+        rows.append(
+            Event(
+                type=EventType.DISRUPTION_ENDED if ended else EventType.DISRUPTION,
+                payload={
+                    "started_at": incident.started_at.isoformat(),
+                    "ended_at": incident.ended_at.isoformat() if ended else None,
+                    "silent_servers": incident.silent_servers,
+                    "live_servers": incident.live_servers,
+                    "most_silent": incident.most_silent,
+                    "hostnames": list(incident.hostnames or []),
+                },
+                occurred_at=incident.ended_at if ended else incident.started_at,
+                dedup_key=f"disruption:{incident.pk}",
+            )
+        )
+    return rows
 
 
 def on_domain_events(kind: str, objects: Sequence[Any]) -> None:
@@ -127,7 +188,11 @@ def on_domain_events(kind: str, objects: Sequence[Any]) -> None:
     if kind == "reservation":
         rows = _reservation_events(objects)
     elif kind == "server":
-        rows = _gpu_faults(objects) + _servers_lost(objects)
+        rows = _gpu_faults(objects) + _servers_lost(objects) + _servers_back(objects)
+    elif kind == "node_loss_disruption":
+        for row in _disruptions(objects):
+            _once(row)
+        return
     elif kind == "join_token_used":
         rows = [
             Event(

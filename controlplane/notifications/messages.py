@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 
-from controlplane.notifications.choices import EventType
+from controlplane.notifications.choices import OPERATOR_EVENTS, EventType
 from controlplane.notifications.models import Event
 
 
@@ -15,7 +15,7 @@ def link(event: Event) -> str:
     base = settings.NOTIFICATIONS_PORTAL_URL.rstrip("/")
     if event.reservation is not None:
         return f"{base}/reservations/{event.reservation.public_id}"
-    if event.type in (EventType.JOIN_TOKEN_USED, EventType.SERVER_LOST):
+    if event.type in OPERATOR_EVENTS:
         return f"{base}/fleet"
     return f"{base}/usage"
 
@@ -84,7 +84,33 @@ def describe(event: Event, data: dict[str, Any]) -> tuple[str, str]:
             f"{p.get('hostname')} enrolled with join token {p.get('join_token')}.",
         )
     if t == EventType.SERVER_LOST:
-        return f"Server lost: {data.get('server', '')}", f"{data.get('server', '')} went offline: {p.get('reason', '')}"
+        servers = p.get("servers") or [{"hostname": data.get("server", ""), "reason": p.get("reason", "")}]
+        names = [str(s.get("hostname", "")) for s in servers]
+        title = f"Server lost: {names[0]}" if len(names) == 1 else f"{len(names)} servers lost: {', '.join(names)}"
+        lines = [f"{s.get('hostname', '')} went offline: {s.get('reason', '')}" for s in servers]
+        return title[:200], "\n".join(lines)
+    if t == EventType.SERVER_BACK:
+        return (
+            f"Server back: {data.get('server', '')}",
+            f"{data.get('server', '')} is sending heartbeats again and is {p.get('to_state', '')} once more.",
+        )
+    if t == EventType.DISRUPTION:
+        hosts = ", ".join(p.get("hostnames", []))
+        return (
+            f"Node loss held: {p.get('silent_servers')} of {p.get('live_servers')} servers silent",
+            f"{p.get('silent_servers')} of {p.get('live_servers')} live servers went silent together at "
+            f"{p.get('started_at')} ({hosts}). That looks like a fault of the control plane or its network rather "
+            "than of the nodes, so node-loss handling is held: no server is marked offline, no reservation is "
+            "interrupted or requeued, until most are heard again. Replaceable work is still stopped by its agents "
+            "at their lease; other work keeps running.",
+        )
+    if t == EventType.DISRUPTION_ENDED:
+        return (
+            "Node loss no longer held",
+            f"The disruption that began at {p.get('started_at')} ended at {p.get('ended_at')} (at most "
+            f"{p.get('most_silent')} of {p.get('live_servers')} servers silent). Servers still silent are judged "
+            "again after the grace.",
+        )
     if t == EventType.TEST:
         return "Test event", "A test event sent from the portal or the API."
     return t, ""

@@ -284,6 +284,11 @@ class DockerRuntime:
         self.fenced = None
         self.fence_all = True
 
+    def renew_lease(self, deadline: datetime | None) -> None:
+        """The agent's lease now ends at ``deadline`` (None: the control plane gives none): what the lease
+        watchdogs of replaceable containers read (nodeagent.runtime.watchdog)."""
+        watchdog.write_deadline(self.lease_dir, deadline)
+
     def next_kill_at(self) -> datetime | None:
         """When the next SIGKILL of a container being stopped is due (the end of its grace), if any: the agent
         reconciles then, also when no heartbeat reply comes (a fenced node gets none)."""

@@ -39,6 +39,7 @@ from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
 from tests.dispatch.support import book, report
 from tests.dispatch.test_end_to_end import book_now, containers, eager_celery, wait_for  # noqa: F401 - fixture
+from tests.fleet.node_loss_support import steady_pass
 from tests.reservations.fleet import gpu_model, project, server
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
@@ -163,7 +164,7 @@ def test_lost_server_interrupts_and_requeues_the_rest_of_the_window_on_another_s
     lost.stop()  # its heartbeats stop; its container keeps running, as on a partitioned server
     silent_since = timezone.now() - timedelta(seconds=60)
     Server.objects.filter(hostname=lost.hostname).update(last_heartbeat_at=silent_since)
-    assert fleet.detect_lost_servers(now=timezone.now()) == 1
+    assert steady_pass(timezone.now()) == 1
 
     r.refresh_from_db()
     assert r.state == ReservationState.INTERRUPTED
@@ -220,22 +221,22 @@ def test_node_loss_requeues_only_once_the_agent_has_had_its_lease_and_grace():
     last = timezone.now()
     Server.objects.filter(pk=launch.server_id).update(last_heartbeat_at=last)
 
-    assert fleet.detect_lost_servers(now=last + timedelta(seconds=16)) == 1
+    assert steady_pass(last + timedelta(seconds=16)) == 1
     assert Server.objects.get(pk=launch.server_id).state == ServerState.OFFLINE
     # Offline, but its agent may still be stopping the container: nothing is started elsewhere yet.
     assert Launch.objects.get(pk=launch.pk).state == LaunchState.RUNNING
     assert Reservation.objects.get(pk=r.pk).state == ReservationState.RUNNING
-    assert fleet.detect_lost_servers(now=last + timedelta(seconds=49)) == 0
+    assert steady_pass(last + timedelta(seconds=49)) == 0
     assert not Requeue.objects.exists()
 
-    assert fleet.detect_lost_servers(now=last + timedelta(seconds=51)) == 1
+    assert steady_pass(last + timedelta(seconds=51)) == 1
     lost = Launch.objects.get(pk=launch.pk)
     assert lost.state == LaunchState.LOST and lost.finished_at == last  # charged up to the last heartbeat
     assert Reservation.objects.get(pk=r.pk).state == ReservationState.INTERRUPTED
     follow_up = Requeue.objects.get(interrupted=r).follow_up
     [moved] = Launch.objects.filter(reservation=follow_up)
     assert moved.server_id != launch.server_id and moved.generation == 2
-    assert fleet.detect_lost_servers(now=last + timedelta(seconds=60)) == 0  # done once
+    assert steady_pass(last + timedelta(seconds=60)) == 0  # done once
 
 
 @override_settings(**DEFAULTS)
@@ -275,7 +276,7 @@ def test_a_fenced_stop_reported_after_node_loss_only_fills_in_what_the_launch_la
     r, launch = running_on_one_of_two_servers()
     last = timezone.now() - timedelta(seconds=60)
     Server.objects.filter(pk=launch.server_id).update(last_heartbeat_at=last)
-    assert fleet.detect_lost_servers(now=timezone.now()) == 1
+    assert steady_pass(timezone.now()) == 1
     assert Requeue.objects.count() == 1
 
     gone = report(launch, "exited", started_at=launch.started_at, finished_at=last, exit_code=137, fenced=True)

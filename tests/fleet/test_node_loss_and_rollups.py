@@ -12,14 +12,15 @@ import pytest
 from django.test import override_settings
 
 from controlplane.fleet import desired, fencing
-from controlplane.fleet.models import GpuTelemetryMinute
-from controlplane.fleet.services import detect_lost_servers, prune_telemetry
+from controlplane.fleet.models import GpuTelemetryMinute, NodeLossWatch
+from controlplane.fleet.services import prune_telemetry
 from controlplane.fleet.tasks import detect_lost_servers as detect_task
 from controlplane.inventory.choices import EventKind, ServerState
 from controlplane.inventory.models import Server, ServerEvent
 from controlplane.inventory.services import NODE_LOSS_ACTOR, server_set_state
 from nodeagent import schema
 from tests.fleet.helpers import T0, gpu_uuid, heartbeat, ingest, sample_fields, to_wire
+from tests.fleet.node_loss_support import steady_pass
 
 pytestmark = pytest.mark.django_db
 
@@ -38,19 +39,19 @@ def test_silent_server_goes_offline_and_returns_to_its_state(
     node: Any, operator: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = node[0]
-    monkeypatch.setattr(desired, "server_lost", lambda s, now: 0)  # nothing runs on it
+    monkeypatch.setattr(desired, "server_lost", lambda s, now, silent_s: 0)  # nothing runs on it
     ingest(server, heartbeat("node-a"), now=T0)
     server_set_state(server=server, to=ServerState.READY, actor=operator, reason="burn-in passed")
     server_set_state(server=server, to=ServerState.DRAINING, actor=operator, reason="kernel update")
-    assert detect_lost_servers(T0 + timedelta(seconds=14)) == 0  # 3 x 5 s not yet passed
-    assert detect_lost_servers(T0 + timedelta(seconds=16)) == 1
+    assert steady_pass(T0 + timedelta(seconds=14)) == 0  # 3 x 5 s not yet passed
+    assert steady_pass(T0 + timedelta(seconds=16)) == 1
     server.refresh_from_db()
     assert (server.state, server.state_before_offline) == (ServerState.OFFLINE, ServerState.DRAINING)
     offline = ServerEvent.objects.filter(kind=EventKind.STATE, to_state=ServerState.OFFLINE).get()
     assert offline.actor_label == NODE_LOSS_ACTOR and "no heartbeat for 16 s" in offline.reason
     assert "requeued once it has been silent for 50 s" in offline.reason
     assert offline.data["requeue_at"] == (T0 + timedelta(seconds=50)).isoformat()
-    assert detect_lost_servers(T0 + timedelta(seconds=60)) == 0  # already offline, and nothing to requeue
+    assert steady_pass(T0 + timedelta(seconds=60)) == 0  # already offline, and nothing to requeue
 
     reply = ingest(server, heartbeat("node-a", seq=2, start=T0 + timedelta(seconds=61)), now=T0 + timedelta(seconds=61))
     assert reply.server_state == ServerState.DRAINING
@@ -66,13 +67,13 @@ def test_launches_are_lost_only_after_the_lease_the_grace_and_the_margin(
 ) -> None:
     server = node[0]
     lost: list[tuple[str, Any]] = []
-    monkeypatch.setattr(desired, "server_lost", lambda s, now: lost.append((s.hostname, now)) or 1)
+    monkeypatch.setattr(desired, "server_lost", lambda s, now, silent_s: lost.append((s.hostname, now)) or 1)
     ingest(server, heartbeat("node-a"), now=T0)
-    assert detect_lost_servers(T0 + timedelta(seconds=16)) == 1  # offline: nothing new goes there
+    assert steady_pass(T0 + timedelta(seconds=16)) == 1  # offline: nothing new goes there
     assert lost == []  # but its agent may still be stopping its containers (lease 10 s + grace 30 s)
-    assert detect_lost_servers(T0 + timedelta(seconds=49)) == 0
+    assert steady_pass(T0 + timedelta(seconds=49)) == 0
     assert lost == []
-    assert detect_lost_servers(T0 + timedelta(seconds=51)) == 1
+    assert steady_pass(T0 + timedelta(seconds=51)) == 1
     assert lost == [("node-a", T0 + timedelta(seconds=51))]
 
 
@@ -80,15 +81,15 @@ def test_launches_are_lost_only_after_the_lease_the_grace_and_the_margin(
 def test_a_server_back_before_the_requeue_keeps_its_launches(node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     server = node[0]
     lost: list[str] = []
-    monkeypatch.setattr(desired, "server_lost", lambda s, now: lost.append(s.hostname) or 1)
+    monkeypatch.setattr(desired, "server_lost", lambda s, now, silent_s: lost.append(s.hostname) or 1)
     ingest(server, heartbeat("node-a"), now=T0)
-    assert detect_lost_servers(T0 + timedelta(seconds=16)) == 1
+    assert steady_pass(T0 + timedelta(seconds=16)) == 1
     # Back 30 s in: its agent's own reports (running, or stopped by its fence) say what became of the launches.
     ingest(server, heartbeat("node-a", seq=2, start=T0 + timedelta(seconds=30)), now=T0 + timedelta(seconds=30))
-    assert detect_lost_servers(T0 + timedelta(seconds=51)) == 1  # silent again: offline again, from 30 s on
-    assert detect_lost_servers(T0 + timedelta(seconds=79)) == 0
+    assert steady_pass(T0 + timedelta(seconds=51)) == 1  # silent again: offline again, from 30 s on
+    assert steady_pass(T0 + timedelta(seconds=79)) == 0
     assert lost == []  # 50 s after the heartbeat that came back, not after the first one
-    assert detect_lost_servers(T0 + timedelta(seconds=81)) == 1 and lost == ["node-a"]
+    assert steady_pass(T0 + timedelta(seconds=81)) == 1 and lost == ["node-a"]
 
 
 def test_the_requeue_delay_covers_the_lease_and_the_grace_and_never_precedes_offline() -> None:
@@ -144,19 +145,22 @@ def test_per_server_interval_decides_loss(node: Any) -> None:
     server = node[0]
     Server.objects.filter(pk=server.pk).update(heartbeat_interval_s=60.0)
     ingest(server, heartbeat("node-a"), now=T0)
-    assert detect_lost_servers(T0 + timedelta(seconds=100)) == 0
-    assert detect_lost_servers(T0 + timedelta(seconds=181)) == 1
+    assert steady_pass(T0 + timedelta(seconds=100)) == 0
+    assert steady_pass(T0 + timedelta(seconds=181)) == 1
 
 
 def test_never_heard_and_retired_servers_are_not_lost(node: Any, operator: Any) -> None:
-    assert detect_lost_servers(T0 + timedelta(days=1)) == 0
+    assert steady_pass(T0 + timedelta(days=1)) == 0
     ingest(node[0], heartbeat("node-a"), now=T0)
     server_set_state(server=node[0], to=ServerState.RETIRED, actor=operator, reason="end of life")
-    assert detect_lost_servers(T0 + timedelta(days=1)) == 0
+    assert steady_pass(T0 + timedelta(days=1)) == 0
 
 
 def test_celery_task_runs_the_detector(node: Any) -> None:
+    from django.utils import timezone
+
     ingest(node[0], heartbeat("node-a"), now=T0)
+    NodeLossWatch.objects.create(pk=1, last_pass_at=timezone.now())  # a detector running all along
     assert detect_task.apply().get() == 1
 
 

@@ -34,6 +34,8 @@ class ControlPlaneDouble:
     mig: list[dict[str, Any]] = field(default_factory=list)  # DesiredMig requests the reply carries
     # The lease the reply gives an agent that says it fences; None plays a control plane without fencing.
     lease_s: float | None = None
+    # The outage tolerance the reply tells an agent that says it understands one; None plays an older control plane.
+    outage_tolerance_s: float | None = None
     # Seconds every request waits before it is answered: a control plane (or a network) that does not answer.
     hang_s: float = 0.0
     received: list[Received] = field(default_factory=list)
@@ -113,6 +115,8 @@ class ControlPlaneDouble:
                 reply["mig"] = self.mig
             if self.lease_s is not None and body["node"].get("fencing"):
                 reply["lease_s"] = self.lease_s
+            if self.outage_tolerance_s is not None and body["node"].get("outage_tolerant"):
+                reply["outage_tolerance_s"] = self.outage_tolerance_s
             return 200, reply
         return 404, {"error": {"code": "not_found", "message": "no such endpoint", "fields": {}}}
 

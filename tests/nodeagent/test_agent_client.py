@@ -1,9 +1,9 @@
-"""The control plane client over real HTTP, its backoff and its bounded telemetry buffer."""
+"""The control plane client over real HTTP and its backoff (the journal behind heartbeats: test_journal.py)."""
 
 from __future__ import annotations
 
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 from control_plane_double import ControlPlaneDouble
@@ -14,7 +14,6 @@ from nodeagent.client import (
     ControlPlaneClient,
     CredentialRevoked,
     Rejected,
-    TelemetryBuffer,
     Unreachable,
 )
 
@@ -110,40 +109,3 @@ def test_backoff_grows_exponentially_with_jitter_up_to_a_cap():
     assert [high.failure() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     high.reset()
     assert high.failure() == 1
-
-
-def _sample(i: int) -> schema.GpuSample:
-    return schema.GpuSample(uuid="GPU-1", ts=NOW + timedelta(seconds=i), fields={schema.GPU_UTIL: float(i)})
-
-
-def test_buffer_drops_the_oldest_counts_and_reports_drops_once():
-    buffer = TelemetryBuffer(max_samples=5, max_events=3)
-    buffer.add_samples([_sample(i) for i in range(8)])
-    buffer.add_events([schema.AgentEvent(kind="xid", ts=NOW, xid=x) for x in (1, 2, 3, 4)])
-    assert (buffer.dropped_samples, buffer.dropped_events) == (3, 1)
-    batch = buffer.take(max_samples=100, now=NOW)
-    assert [s.fields[schema.GPU_UTIL] for s in batch.samples] == [3, 4, 5, 6, 7]
-    assert [e.xid for e in batch.events[:3]] == [2, 3, 4]
-    assert batch.events[3].kind == "agent" and "dropped the oldest 3 samples and 1 events" in batch.events[3].message
-    buffer.commit(batch)
-    assert not buffer.samples and not buffer.events
-    assert buffer.take(max_samples=100, now=NOW).events == []  # reported once
-    assert (buffer.dropped_samples, buffer.dropped_events) == (3, 1)  # totals stay
-
-
-def test_buffer_keeps_what_was_not_committed_and_sends_in_batches():
-    buffer = TelemetryBuffer(max_samples=100)
-    buffer.add_samples([_sample(i) for i in range(10)])
-    first = buffer.take(max_samples=4, now=NOW)
-    assert len(first.samples) == 4
-    assert len(buffer.take(max_samples=4, now=NOW).samples) == 4  # a failed send commits nothing
-    buffer.commit(first)
-    assert [s.fields[schema.GPU_UTIL] for s in buffer.samples] == list(range(4, 10))
-
-
-def test_buffer_never_overflows_a_heartbeat_with_the_drop_report():
-    buffer = TelemetryBuffer()
-    buffer.add_events([schema.AgentEvent(kind="agent", ts=NOW) for _ in range(schema.MAX_EVENTS + 50)])
-    batch = buffer.take(max_samples=10, now=NOW)
-    assert len(batch.events) == schema.MAX_EVENTS
-    schema.Heartbeat(seq=1, sent_at=NOW, node=NODE, gpus=[], events=batch.events)

@@ -18,14 +18,17 @@ INTERVAL, LEASE, OFFLINE = 5.0, 10.0, 15.0  # the control plane's defaults: 5 s 
 
 
 class FencingRuntime(RecordingRuntime):
-    """Plays the Docker runtime's fence: what runs is stopping (fenced) until the SIGKILL at the end of its grace,
-    then exited, and nothing starts while fenced."""
+    """Plays the Docker runtime's fence: what it fences is stopping (fenced) until the SIGKILL at the end of its grace,
+    then exited, and nothing fenced starts. Fenced for replaceable work only, the other launches go on being
+    converged: a launch whose window has ended is stopped and reported exited."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reason: str | None = None
+        self.everything = True
         self.kill_at: dict[str, datetime] = {}
         self.killed: dict[str, schema.DesiredContainer] = {}
+        self.ended: dict[str, datetime] = {}  # stopped at the end of the window, and when
         self.specs: dict[str, schema.DesiredContainer] = {}
 
     def reconcile(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime) -> None:
@@ -34,17 +37,29 @@ class FencingRuntime(RecordingRuntime):
             if now >= due:
                 del self.kill_at[launch_id]
                 self.killed[launch_id] = self.specs[launch_id]
+        gone = set(self.kill_at) | set(self.killed) | set(self.ended)
+        wanted = {d.launch_id: d for d in desired if d.launch_id not in stop and d.launch_id not in gone}
+        for launch_id, spec in list(wanted.items()):
+            if now >= spec.window_end:
+                self.specs[launch_id] = spec
+                self.ended[launch_id] = now
+                del wanted[launch_id]
         if self.reason is None:
-            gone = set(self.kill_at) | set(self.killed)
-            self.running = {d.launch_id: d for d in desired if d.launch_id not in stop and d.launch_id not in gone}
-            self.specs.update(self.running)
+            self.running = wanted
+        elif not self.everything:
+            self.running = {k: v for k, v in wanted.items() if not v.replaceable}
+        else:
+            self.running = {k: v for k, v in self.running.items() if k in wanted}
+        self.specs.update(self.running)
 
-    def fence(self, now: datetime, reason: str) -> None:
-        super().fence(now, reason)
-        self.reason = reason
-        for launch_id, spec in self.running.items():
+    def fence(self, now: datetime, reason: str, *, replaceable_only: bool = False) -> None:
+        super().fence(now, reason, replaceable_only=replaceable_only)
+        self.reason, self.everything = reason, not replaceable_only
+        for launch_id, spec in list(self.running.items()):
+            if replaceable_only and not spec.replaceable:
+                continue
             self.kill_at[launch_id] = now + timedelta(seconds=spec.stop_grace_s)
-        self.running = {}
+            del self.running[launch_id]
 
     def unfence(self) -> None:
         super().unfence()
@@ -66,6 +81,19 @@ class FencingRuntime(RecordingRuntime):
                     exit_code=137 if state == "exited" else None,
                     fenced=True,
                     error="fenced: as the agent said",
+                )
+            )
+        for launch_id, at in self.ended.items():
+            spec = self.specs[launch_id]
+            reports.append(
+                schema.ContainerReport(
+                    launch_id=launch_id,
+                    reservation=spec.reservation,
+                    state="exited",
+                    gpu_uuids=spec.gpu_uuids,
+                    started_at=spec.window_start,
+                    finished_at=at,
+                    exit_code=0,
                 )
             )
         return reports
@@ -114,6 +142,8 @@ def test_no_answered_heartbeat_for_the_lease_fences_before_the_offline_threshold
     assert clock.monotonic() - start < OFFLINE
     assert reason == f"fenced: no reply from the control plane for {LEASE:.1f} s (lease {LEASE:g} s)"
     assert agent.fenced == reason
+    # This control plane tells no outage tolerance (it predates it): every container is fenced, as before.
+    assert runtime.fence_scopes == ["all"] and runtime.running == {}
 
 
 def test_the_fence_sigkills_after_the_grace_with_no_reply_to_wake_the_loop(control_plane, clock, tmp_path):

@@ -15,8 +15,9 @@ from control_plane_double import ControlPlaneDouble, FakeClock, samples_of
 from nodeagent import schema
 from nodeagent.agent import Agent, AgentState, AgentStopped
 from nodeagent.backends.simulated import SimulatedBackend
-from nodeagent.client import Backoff, ControlPlaneClient, TelemetryBuffer
+from nodeagent.client import Backoff, ControlPlaneClient
 from nodeagent.collectors import HostCollector
+from nodeagent.journal import Journal
 from nodeagent.runtime.base import ContainerRuntime, NullRuntime
 
 JOIN_TOKEN = "join-token-123"
@@ -30,6 +31,7 @@ class RecordingRuntime:
         self.running: dict[str, schema.DesiredContainer] = {}
         self.explode = explode
         self.fences: list[tuple[datetime, str]] = []
+        self.fence_scopes: list[str] = []
         self.unfences = 0
 
     def reconcile(self, desired: list[schema.DesiredContainer], stop: list[str], now: datetime) -> None:
@@ -52,8 +54,9 @@ class RecordingRuntime:
     def busy_gpus(self) -> set[str]:
         return {u for d in self.running.values() for u in d.gpu_uuids}
 
-    def fence(self, now: datetime, reason: str) -> None:
+    def fence(self, now: datetime, reason: str, *, replaceable_only: bool = False) -> None:
         self.fences.append((now, reason))
+        self.fence_scopes.append("replaceable" if replaceable_only else "all")
 
     def unfence(self) -> None:
         self.unfences += 1
@@ -145,8 +148,8 @@ def test_outage_loses_nothing_within_the_buffer_and_backs_off(control_plane, clo
     assert len(attempts) - len(control_plane.accepted) == 4
     samples = control_plane.accepted_samples()
     assert len(samples) == len(set(samples))  # nothing sent twice
-    assert len(samples) + len(agent.buffer.samples) == 61 * 2  # and nothing lost
-    assert agent.buffer.dropped_samples == 0
+    assert len(samples) + agent.buffer.pending("samples") == 61 * 2  # and nothing lost
+    assert agent.buffer.dropped["samples"] == 0
     assert agent.backoff.failures == 0
 
 
@@ -166,13 +169,13 @@ def test_backoff_waits_grow_then_reset(control_plane, clock, tmp_path):
 
 
 def test_long_outage_drops_the_oldest_and_reports_how_many(control_plane, clock, tmp_path):
-    agent = make_agent(control_plane, clock, tmp_path, buffer=TelemetryBuffer(max_samples=20))
+    agent = make_agent(control_plane, clock, tmp_path, buffer=Journal(tmp_path / "journal", max_bytes=8192))
     agent.step()
     control_plane.fail(1000)
     run_for(agent, clock, 30)
     control_plane.script.clear()
     run_for(agent, clock, 10)
-    dropped = agent.buffer.dropped_samples
+    dropped = agent.buffer.dropped["samples"]
     assert dropped > 0
     reports = [e for e in control_plane.accepted_events() if "dropped the oldest" in e["message"]]
     assert len(reports) == 1 and f"{dropped} samples" in reports[0]["message"]
@@ -199,7 +202,7 @@ def test_a_rejected_heartbeat_is_dropped_and_the_agent_goes_on(control_plane, cl
     agent.step()
     control_plane.fail(1, status=400, body={"error": {"code": "validation_error", "message": "no", "fields": {}}})
     run_for(agent, clock, 5.5)
-    assert len(agent.buffer.samples) == 0
+    assert agent.buffer.pending("samples") == 0
     run_for(agent, clock, 5)
     assert len(control_plane.accepted) == 2
     # The 5 samples of the rejected heartbeat never come back.
@@ -214,7 +217,7 @@ def test_a_too_large_heartbeat_halves_the_batch_instead_of_dropping(control_plan
     assert agent.max_batch_samples == 4
     run_for(agent, clock, 30)
     samples = control_plane.accepted_samples()
-    assert len(samples) == len(set(samples)) and len(samples) + len(agent.buffer.samples) == 36 * 2
+    assert len(samples) == len(set(samples)) and len(samples) + agent.buffer.pending("samples") == 36 * 2
 
 
 def test_desired_containers_go_to_the_runtime_and_reports_come_back(control_plane, clock, tmp_path):
