@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -40,6 +41,8 @@ LABEL_RESERVATION = "gpucp.reservation"
 # What a fault may not do to a container: Docker's events for a process that ended.
 STOP_EVENTS = ("die", "kill", "stop")
 GPUS_PER_NODE = 2
+# Ends at once on SIGTERM (a stop at the window's end takes no grace), runs until then.
+JOB = ["sh", "-c", 'echo started; trap "exit 0" TERM; while true; do sleep 0.2; done']
 
 
 def _pg_bin(name: str) -> str | None:
@@ -214,6 +217,48 @@ class Ran:
     finished: datetime | None  # None while it runs
 
 
+class DockerRecord:
+    """Every start and death of this fleet's containers, from the engine's event stream as it happens: the record
+    outlives the containers (an agent removes one once it has reported its exit)."""
+
+    def __init__(self, docker_client: Any, hosts: Callable[[], set[str]]) -> None:
+        self.hosts = hosts
+        self.ran: dict[str, Ran] = {}
+        self._lock = threading.Lock()
+        self._events = docker_client.events(decode=True, filters={"type": "container", "event": ["start", "die"]})
+        threading.Thread(target=self._read, daemon=True, name="docker-events").start()
+
+    def _read(self) -> None:
+        try:
+            for event in self._events:
+                labels = event.get("Actor", {}).get("Attributes", {})
+                if labels.get(LABEL_NODE) not in self.hosts():
+                    continue
+                at = datetime.fromtimestamp(event["timeNano"] / 1e9, UTC)
+                with self._lock:
+                    if event["Action"] == "start":
+                        self.ran[event["id"]] = Ran(
+                            name=labels.get("name", ""),
+                            reservation=labels.get(LABEL_RESERVATION, ""),
+                            launch=labels.get(LABEL_LAUNCH, ""),
+                            node=labels[LABEL_NODE],
+                            status="running",
+                            started=at,
+                            finished=None,
+                        )
+                    elif (known := self.ran.get(event["id"])) is not None:
+                        known.status, known.finished = "exited", at
+        except Exception:  # the stream is closed at the end
+            return
+
+    def of(self, reservation: str) -> list[Ran]:
+        with self._lock:
+            return sorted((r for r in self.ran.values() if r.reservation == reservation), key=lambda r: r.started)
+
+    def close(self) -> None:
+        self._events.close()
+
+
 class System:
     """The control plane (runsystem, no agents of its own) on a private PostgreSQL and Redis, and agent
     processes. ``settings`` go into the control plane's environment."""
@@ -221,6 +266,8 @@ class System:
     def __init__(self, workdir: Path, *, settings: dict[str, str], agents: int, docker_client: Any) -> None:
         self.workdir = workdir
         self.docker = docker_client
+        self.agents: list[AgentProcess] = []
+        self.record = DockerRecord(docker_client, lambda: set(self.hostnames()))
         self.pg = PrivatePostgres()
         self.redis = FaultRedis(workdir)
         self.redis.start()
@@ -324,7 +371,7 @@ class System:
             "name": name,
             "spec": {"gpu_model": "H100-80GB", "gpu_count": gpus},
             "window": {"start": start.isoformat(), "end": end.isoformat()},
-            "container": {"image": DEFAULT_TAG, "command": ["sh", "-c", "echo started; exec sleep 3600"]},
+            "container": {"image": DEFAULT_TAG, "command": JOB},
         }
         response = self.http.post(f"{self.url}/api/v1/reservations/", json=body, timeout=30)
         assert response.status_code == 201, response.text
@@ -427,6 +474,7 @@ class System:
                 for pid in self.control_plane.leftovers():
                     os.kill(pid, signal.SIGKILL)
         self.remove_containers()
+        self.record.close()
         self.redis.stop()
         self.pg.close()
 
