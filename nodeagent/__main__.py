@@ -263,9 +263,14 @@ def make_runtime(
 
 
 def start_log_shipper(
-    args: argparse.Namespace, runtime: ContainerRuntime, node: str, credential: Callable[[], str | None]
+    args: argparse.Namespace,
+    runtime: ContainerRuntime,
+    node: str,
+    credential: Callable[[], str | None],
+    journal: Journal | None = None,
 ) -> LogShipper | None:
-    """Live logs (nodeagent.logship) for a Docker runtime, unless --no-live-logs; its own HTTP session."""
+    """Live logs (nodeagent.logship) for a Docker runtime, unless --no-live-logs; its own HTTP session, and the
+    agent's journal for what waits to be sent."""
     docker_client = getattr(runtime, "client", None)
     if args.runtime != "docker" or args.no_live_logs or docker_client is None:
         return None
@@ -273,7 +278,11 @@ def start_log_shipper(
     from nodeagent.logship import LogShipper
 
     return LogShipper(
-        client=ControlPlaneClient(args.server), credential=credential, docker_client=docker_client, node=node
+        client=ControlPlaneClient(args.server),
+        credential=credential,
+        docker_client=docker_client,
+        node=node,
+        journal=journal,
     ).start()
 
 
@@ -397,7 +406,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             gateway=gateway,
         )
         holder["agent"] = agent
-        shipper = start_log_shipper(args, runtime, owner, lambda: holder["agent"].credential)
+        shipper = start_log_shipper(args, runtime, owner, lambda: holder["agent"].credential, journal=agent.buffer)
         agent.run()
     except AgentStopped as exc:
         backend.close()

@@ -55,6 +55,10 @@ KILL_RETRY_S = 1.0
 # While the journal holds a backlog (a replay after an outage), the next heartbeat goes this soon, not an
 # interval later, so hours of samples catch up in minutes.
 REPLAY_INTERVAL_S = 0.5
+# Past the lease, retries back off to at most this (or the heartbeat interval, if longer): a control plane back
+# from an outage hears from every agent well within its startup grace (FLEET_STARTUP_GRACE_S, 60 s), and its
+# closer does not settle a reservation before the agent's journal says what ran.
+OUTAGE_RETRY_S = 15.0
 
 
 class Clock(Protocol):
@@ -496,6 +500,8 @@ class Agent:
                 # While the lease runs, retry at the usual cadence: a control plane back within the lease renews
                 # it in time, and the containers keep running.
                 delay = min(delay, self.interval)
+            elif self.lease_s is not None:
+                delay = min(delay, max(self.interval, OUTAGE_RETRY_S))
             log.warning(
                 "heartbeat %d failed (%d in a row), retrying in %.1f s; %d samples journaled: %s",
                 self.seq,

@@ -13,18 +13,23 @@ sequence number of their first record, one record per line (``<seq>\\t<json>``),
 number the control plane has. Records are written straight to the kernel (unbuffered), so a killed agent loses
 nothing; ``sync`` makes them durable against a power loss too.
 
-The bound (``max_bytes``, the agent's ``--journal-max-bytes``, 64 MiB by default) covers every kind. Over it, whole
-segments go, oldest first: GPU samples first, then events; container reports (starts and exits, the ground of
-usage and charges) are never dropped. Drops are counted and reported in the next heartbeat as an ``agent`` event.
+Container output waiting for the live-log endpoint is kept beside them, under ``logs/`` (nodeagent.logship, which
+attaches itself with ``attach_logs``): acknowledged per launch by offset rather than in order, so it keeps its own
+files, but under the same bound.
+
+The bound (``max_bytes``, the agent's ``--journal-max-bytes``, 64 MiB by default) covers every kind. Over it, the
+oldest go first: GPU samples (whole segments), then container output (the oldest bytes of the launch holding the
+most; the control plane records the hole), then events; container reports (starts and exits, the ground of usage
+and charges) are never dropped. Drops are counted and reported in the next heartbeat as an ``agent`` event.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -38,8 +43,8 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 MAX_SEGMENT_BYTES = 1024 * 1024
 MIN_SEGMENT_BYTES = 4096
 # The kinds of record, and the order in which they are dropped when the journal is over its bound (None: never).
-SAMPLES, EVENTS, CONTAINERS = "samples", "events", "containers"
-DROP_ORDER = (SAMPLES, EVENTS)
+SAMPLES, EVENTS, CONTAINERS, LOGS = "samples", "events", "containers", "logs"
+DROP_ORDER = (SAMPLES, LOGS, EVENTS)
 
 
 @dataclass
@@ -251,8 +256,16 @@ class Journal:
         segment = max(MIN_SEGMENT_BYTES, min(MAX_SEGMENT_BYTES, max_bytes // 16))
         self._lock = threading.RLock()
         self._streams = {kind: _Stream(self.directory / kind, segment) for kind in (SAMPLES, EVENTS, CONTAINERS)}
-        self.dropped: dict[str, int] = {SAMPLES: 0, EVENTS: 0}
-        self._unreported: dict[str, int] = {SAMPLES: 0, EVENTS: 0}
+        self.dropped: dict[str, int] = {SAMPLES: 0, EVENTS: 0, LOGS: 0}
+        self._unreported: dict[str, int] = {SAMPLES: 0, EVENTS: 0, LOGS: 0}
+        # The live-log shipper's bytes on disk, and how to make it drop the oldest of them (``attach_logs``).
+        self._logs_size: Callable[[], int] = lambda: 0
+        self._logs_trim: Callable[[int], int] = lambda want: 0
+
+    def attach_logs(self, *, size: Callable[[], int], trim: Callable[[int], int]) -> None:
+        """The log shipper keeps its unacknowledged output under ``logs/``: count it in the bound, and trim it."""
+        with self._lock:
+            self._logs_size, self._logs_trim = size, trim
 
     # -- adding ----------------------------------------------------------------------------------------------
 
@@ -276,8 +289,21 @@ class Journal:
             self._streams[kind].append(lines)
             self._bound()
 
+    def enforce_bound(self) -> None:
+        """Drop what is over the bound (the log shipper calls this after it wrote)."""
+        with self._lock:
+            self._bound()
+
     def _bound(self) -> None:
         for kind in DROP_ORDER:
+            if kind == LOGS:
+                over = self.size - self.max_bytes
+                lost = self._logs_trim(over) if over > 0 else 0
+                if lost:
+                    self.dropped[LOGS] += lost
+                    self._unreported[LOGS] += lost
+                    log.warning("journal over %d bytes: dropped the oldest %d bytes of output", self.max_bytes, lost)
+                continue
             stream = self._streams[kind]
             while self.size > self.max_bytes and stream.segments:
                 lost = stream.drop_oldest()
@@ -291,9 +317,10 @@ class Journal:
 
     @property
     def size(self) -> int:
-        return sum(stream.size for stream in self._streams.values())
+        return sum(stream.size for stream in self._streams.values()) + self._logs_size()
 
     def pending(self, kind: str) -> int:
+        """Records of ``kind`` not yet acknowledged."""
         with self._lock:
             return self._streams[kind].pending
 
@@ -316,6 +343,7 @@ class Journal:
                     message=(
                         f"journal full while the control plane was unreachable: dropped the oldest "
                         f"{unreported[SAMPLES]} samples and {unreported[EVENTS]} events"
+                        + (f" and {unreported[LOGS]} bytes of container output" if unreported[LOGS] else "")
                     ),
                 )
             )
@@ -340,8 +368,3 @@ class Journal:
         with self._lock:
             for stream in self._streams.values():
                 stream.close()
-
-
-def dump(items: list[Any]) -> list[dict[str, Any]]:
-    """JSON-ready dicts of wire models (for tests and debugging)."""
-    return [json.loads(item.model_dump_json()) for item in items]

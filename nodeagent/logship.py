@@ -7,28 +7,39 @@ posts ``schema.LogBatch`` to the control plane, at most every ``interval_s`` whi
 The control plane is the record of what arrived: its reply gives, per launch, the offset it expects next,
 and the shipper goes on from there: it drops what the control plane already has (a restarted agent reads
 each log from the start again and duplicates nothing) and resends what it lacks. A new launch is first
-asked for (an empty chunk) before anything is sent. While the control plane is unreachable each launch
-keeps at most ``max_pending_bytes``: the oldest are dropped, and the control plane records the hole.
-``eof`` goes out once the container has exited and all of its output was read and acknowledged.
+asked for (an empty chunk) before anything is sent. ``eof`` goes out once the container has exited and all of
+its output was read and acknowledged.
+
+What was read and not yet acknowledged waits in the agent's journal (``journal``: one file per launch under
+``<journal>/logs``), so a control-plane outage costs nothing up to the journal's bound, and a restarted agent
+still ships the output of a container that was removed meanwhile. Over the bound, the oldest bytes of the launch
+holding the most go (after the GPU samples, nodeagent.journal), and the control plane records the hole. Without a
+journal each launch keeps at most ``max_pending_bytes`` in memory.
 
 Output a container wrote while no agent followed it, and that the runtime removed with the container after
-its exit (two heartbeats later), is lost: the runtime does not wait for the shipper.
+its exit, is lost: the runtime does not wait for the shipper (while fenced, it removes nothing).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nodeagent import schema
 from nodeagent.client import ControlPlaneClient, CredentialRevoked, Rejected, Unreachable
-from nodeagent.runtime.containers import LABEL_LAUNCH, LABEL_NODE
+from nodeagent.runtime.containers import LABEL_LAUNCH, LABEL_NODE, safe_id
+
+if TYPE_CHECKING:
+    from nodeagent.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +48,100 @@ MAX_BATCH_BYTES = 512 * 1024  # under the control plane's body limit once in bas
 _LIVE = frozenset({"running", "paused", "restarting"})
 
 
+class _MemoryPending:
+    """Bytes read and not yet acknowledged, in memory (no journal)."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def extend(self, data: bytes) -> None:
+        self._data += data
+
+    def drop(self, n: int) -> None:
+        del self._data[:n]
+
+    def slice(self, index: int, n: int) -> bytes:
+        return bytes(self._data[index : index + n])
+
+    def remove(self) -> None:
+        self._data.clear()
+
+
+class _FilePending:
+    """Bytes read and not yet acknowledged, in the journal: ``<safe id>.out`` holds the output from the offset
+    ``file_start`` on, of which the first ``skip`` bytes are acknowledged (or dropped); ``<safe id>.json`` says so.
+    Written straight to the kernel, so a killed agent loses none of it."""
+
+    COMPACT_BYTES = 1024 * 1024
+
+    def __init__(self, directory: Path, launch_id: str, *, file_start: int = 0, skip: int = 0) -> None:
+        self.launch_id = launch_id
+        self.data_path = directory / f"{safe_id(launch_id)}.out"
+        self.meta_path = directory / f"{safe_id(launch_id)}.json"
+        self.file_start, self.skip = file_start, skip
+        self._file = self.data_path.open("a+b", buffering=0)
+        self.size = self._file.seek(0, os.SEEK_END)
+        self._save()
+
+    @classmethod
+    def restore(cls, meta_path: Path) -> _FilePending | None:
+        try:
+            meta = json.loads(meta_path.read_text())
+            return cls(meta_path.parent, str(meta["launch_id"]), file_start=int(meta["start"]), skip=int(meta["skip"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @property
+    def end(self) -> int:
+        """The offset after the last byte held."""
+        return self.file_start + self.size
+
+    def __len__(self) -> int:
+        return self.size - self.skip
+
+    def extend(self, data: bytes) -> None:
+        self._file.write(data)
+        self.size += len(data)
+
+    def drop(self, n: int) -> None:
+        self.skip += min(n, len(self))
+        if self.skip == self.size:
+            self._file.truncate(0)
+            self.file_start, self.skip, self.size = self.file_start + self.size, 0, 0
+        elif self.skip >= self.COMPACT_BYTES and self.skip * 2 >= self.size:
+            rest = self.slice(0, len(self))
+            tmp = self.data_path.with_suffix(".tmp")
+            tmp.write_bytes(rest)
+            tmp.replace(self.data_path)
+            self._file.close()
+            self._file = self.data_path.open("a+b", buffering=0)
+            self.file_start, self.skip, self.size = self.file_start + self.skip, 0, len(rest)
+        self._save()
+
+    def slice(self, index: int, n: int) -> bytes:
+        return os.pread(self._file.fileno(), max(0, min(n, len(self) - index)), self.skip + index)
+
+    def remove(self) -> None:
+        self._file.close()
+        self.data_path.unlink(missing_ok=True)
+        self.meta_path.unlink(missing_ok=True)
+
+    def _save(self) -> None:
+        tmp = self.meta_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"launch_id": self.launch_id, "start": self.file_start, "skip": self.skip}))
+        tmp.replace(self.meta_path)
+
+
 @dataclass
 class _Follow:
     """One launch's output as read from Docker and not yet acknowledged by the control plane."""
 
     launch_id: str
     container: Any
-    pending: bytearray = field(default_factory=bytearray)
+    pending: _MemoryPending | _FilePending = field(default_factory=_MemoryPending)
     read: int = 0  # bytes read from the container's output: the offset of the next one
     acked: int | None = None  # the offset the control plane expects next, once it said
     done: bool = False  # the container exited and all its output was read
@@ -83,6 +181,7 @@ class LogShipper:
         max_pending_bytes: int = MAX_PENDING_BYTES,
         max_batch_bytes: int = MAX_BATCH_BYTES,
         timeout_s: float = 5.0,
+        journal: Journal | None = None,
     ) -> None:
         self.client = client
         self.credential = credential
@@ -100,8 +199,56 @@ class LogShipper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failures = 0
+        # With the agent's journal, what is not acknowledged waits on disk, under the journal's bound.
+        self.journal = journal
+        self.spill_dir: Path | None = None
+        if journal is not None:
+            self.spill_dir = journal.directory / "logs"
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            self._restore()
+            journal.attach_logs(size=self._spill_size, trim=self._spill_trim)
+        # Launches restored from the journal that the first scan must find in the engine, or they are done.
+        self._unscanned = {f.launch_id for f in self._follows.values()}
 
     # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Output read by a previous agent and not acknowledged: shipped again, whether or not its container is
+        still there (the reader of one that is reads it again from the start and keeps only what is new)."""
+        assert self.spill_dir is not None
+        for meta in sorted(self.spill_dir.glob("*.json")):
+            pending = _FilePending.restore(meta)
+            if pending is None:
+                continue
+            follow = _Follow(launch_id=pending.launch_id, container=None, pending=pending, read=pending.end)
+            self._follows[follow.launch_id] = follow
+
+    def _new_pending(self, launch_id: str) -> _MemoryPending | _FilePending:
+        if self.spill_dir is None:
+            return _MemoryPending()
+        # Anything left under this name without a readable record of its offsets cannot be placed: start afresh.
+        (self.spill_dir / f"{safe_id(launch_id)}.out").unlink(missing_ok=True)
+        return _FilePending(self.spill_dir, launch_id)
+
+    def _spill_size(self) -> int:
+        with self._lock:
+            return sum(len(f.pending) for f in self._follows.values())
+
+    def _spill_trim(self, want: int) -> int:
+        """The journal is over its bound: drop at least ``want`` of the oldest bytes held, from the launches that
+        hold the most; how many went."""
+        gone = 0
+        with self._lock:
+            while gone < want:
+                holders = [f for f in self._follows.values() if len(f.pending)]
+                if not holders:
+                    break
+                follow = max(holders, key=lambda f: len(f.pending))
+                n = min(len(follow.pending), want - gone)
+                follow.pending.drop(n)
+                follow.dropped += n
+                gone += n
+        return gone
 
     def start(self) -> LogShipper:
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
@@ -153,15 +300,27 @@ class LogShipper:
                 continue
             present.add(launch_id)
             with self._lock:
-                if launch_id in self._follows or launch_id in self._finished:
+                restored = self._follows.get(launch_id)
+                if restored is not None and restored.container is None and container.status != "created":
+                    restored.container = container  # restored from the journal: read it again, keep what is new
+                    follow = restored
+                elif launch_id in self._follows or launch_id in self._finished:
                     continue
                 # Not started yet: a follow would end at once, and the output would look complete.
-                if container.status == "created":
+                elif container.status == "created":
                     continue
-                follow = self._follows[launch_id] = _Follow(launch_id=launch_id, container=container)
+                else:
+                    follow = self._follows[launch_id] = _Follow(
+                        launch_id=launch_id, container=container, pending=self._new_pending(launch_id)
+                    )
             threading.Thread(target=self._read, args=(follow,), name=f"logs-{launch_id[:8]}", daemon=True).start()
         with self._lock:
             self._finished &= present  # gone from the engine: never seen again
+            for launch_id in self._unscanned - present:
+                # Restored from the journal, its container is gone: what the journal holds is all there is.
+                if launch_id in self._follows and self._follows[launch_id].container is None:
+                    self._follows[launch_id].done = True
+            self._unscanned = set()
 
     def _read(self, follow: _Follow) -> None:
         container = follow.container
@@ -200,22 +359,25 @@ class LogShipper:
         with self._lock:
             if end <= follow.read:
                 return  # re-reading after a broken stream: had it already
-            follow.pending += data[follow.read - position :]
+            follow.pending.extend(data[follow.read - position :])
             follow.read = end
             self._trim(follow)
+        if self.journal is not None:
+            self.journal.enforce_bound()  # not under our lock: the journal may ask us to trim
         self._wake.set()
 
     def _trim(self, follow: _Follow) -> None:
         """Drop what the control plane has, and the oldest bytes past the per-launch limit."""
         if follow.refused:
-            follow.pending.clear()
+            follow.pending.drop(len(follow.pending))
             return
         acked = follow.acked or 0
-        floor = max(acked, follow.read - self.max_pending_bytes)
+        # With the journal, its bound applies (``_spill_trim``); in memory, each launch's own.
+        floor = acked if self.journal is not None else max(acked, follow.read - self.max_pending_bytes)
         if floor > follow.start:
             drop = min(len(follow.pending), floor - follow.start)
             lost = max(0, floor - max(acked, follow.start))  # not the acknowledged part: never sent
-            del follow.pending[:drop]
+            follow.pending.drop(drop)
             if lost:
                 follow.dropped += lost
 
@@ -242,7 +404,7 @@ class LogShipper:
                     continue
                 index = 0
                 while index < len(follow.pending) and budget > 0 and len(chunks) < schema.MAX_LOG_CHUNKS:
-                    piece = bytes(follow.pending[index : index + min(budget, schema.MAX_LOG_CHUNK_BYTES)])
+                    piece = follow.pending.slice(index, min(budget, schema.MAX_LOG_CHUNK_BYTES))
                     end = at + index + len(piece)
                     eof = follow.done and end == follow.read
                     chunks.append(
@@ -312,6 +474,7 @@ class LogShipper:
     def _finish(self, follow: _Follow) -> None:
         self._follows.pop(follow.launch_id, None)
         self._finished.add(follow.launch_id)
+        follow.pending.remove()
 
     def status(self) -> dict[str, dict[str, int | None]]:
         """Per followed launch: bytes read, acknowledged and pending (for tests and debugging)."""

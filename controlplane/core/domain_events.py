@@ -10,7 +10,9 @@ beyond the database; anything slow belongs in a task it enqueues with ``transact
 Kinds published today:
 
 - ``reservation``: ``ReservationEvent`` objects (every state change, extension and note of a reservation);
-- ``server``: ``ServerEvent`` objects from heartbeats and node-loss detection (GPU health, offline);
+- ``server``: ``ServerEvent`` objects from heartbeats and node-loss detection (GPU health, offline, back from
+  offline); a node-loss pass publishes every server it marked offline in one call;
+- ``node_loss_disruption``: a ``NodeLossDisruption`` that started or (``ended_at`` set) ended;
 - ``join_token_used``: the ``JoinToken`` an agent enrolled with (its ``server`` set).
 """
 

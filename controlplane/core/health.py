@@ -122,9 +122,9 @@ class _Runner:
     """Runs each check in a small pool; a check already in flight is shared, never started twice."""
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=2 * len(CHECKS), thread_name_prefix="health")
+        self._pool = ThreadPoolExecutor(max_workers=2 * (len(CHECKS) + 1), thread_name_prefix="health")
         self._lock = threading.Lock()
-        self._inflight: dict[str, Future[Check]] = {}
+        self._inflight: dict[str, Future[Any]] = {}
 
     def run(self, names: tuple[str, ...]) -> dict[str, Check]:
         deadline = time.monotonic() + timeout_s()
@@ -138,7 +138,7 @@ class _Runner:
         return out
 
     def facts(self, deadline: float) -> dict[str, Any]:
-        futures = {name: self._pool.submit(_read_fact, fact) for name, fact in _facts.items()}
+        futures = {name: self._shared(f"fact:{name}", _read_fact, fact) for name, fact in _facts.items()}
         out: dict[str, Any] = {}
         for name, future in futures.items():
             try:
@@ -150,11 +150,14 @@ class _Runner:
         return out
 
     def _submit(self, name: str) -> Future[Check]:
+        return self._shared(name, _timed, CHECKS[name])
+
+    def _shared(self, key: str, fn: Callable[..., Any], arg: Any) -> Future[Any]:
         with self._lock:
-            future = self._inflight.get(name)
+            future = self._inflight.get(key)
             if future is None or future.done():
-                future = self._pool.submit(_timed, CHECKS[name])
-                self._inflight[name] = future
+                future = self._pool.submit(fn, arg)
+                self._inflight[key] = future
             return future
 
 

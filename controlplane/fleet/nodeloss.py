@@ -290,11 +290,9 @@ def current_hold(now: datetime | None = None) -> Hold:
     """What the detector's last pass left: a disruption open, a grace running, or nothing held. Two queries."""
     now = now or timezone.now()
     watch = NodeLossWatch.objects.filter(pk=1).first()
-    counts = {
-        "silent_servers": watch.silent_servers if watch else 0,
-        "live_servers": watch.live_servers if watch else 0,
-        "last_pass_at": watch.last_pass_at if watch else None,
-    }
+    silent_servers = watch.silent_servers if watch else 0
+    live_servers = watch.live_servers if watch else 0
+    last_pass_at = watch.last_pass_at if watch else None
     incident = NodeLossDisruption.objects.filter(ended_at__isnull=True).order_by("started_at").first()
     if incident is not None:
         return Hold(
@@ -302,15 +300,18 @@ def current_hold(now: datetime | None = None) -> Hold:
             since=incident.started_at,
             detail=f"{incident.silent_servers} of {incident.live_servers} live servers went silent together; "
             "no server is marked offline and no work is interrupted or requeued until most are heard again",
-            **counts,  # type: ignore[arg-type]
+            silent_servers=silent_servers,
+            live_servers=live_servers,
+            last_pass_at=last_pass_at,
         )
-    if watch is not None and watch.in_grace(now):
-        assert watch.grace_until is not None  # in_grace
+    if watch is not None and watch.grace_until is not None and watch.in_grace(now):
         return Hold(
             reason="grace",
             since=watch.grace_until - timedelta(seconds=float(settings.FLEET_STARTUP_GRACE_S)),
             until=watch.grace_until,
             detail=f"grace after {watch.grace_reason}",
-            **counts,  # type: ignore[arg-type]
+            silent_servers=silent_servers,
+            live_servers=live_servers,
+            last_pass_at=last_pass_at,
         )
-    return Hold(reason="", **counts)  # type: ignore[arg-type]
+    return Hold(reason="", silent_servers=silent_servers, live_servers=live_servers, last_pass_at=last_pass_at)

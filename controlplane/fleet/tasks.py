@@ -9,7 +9,9 @@ from controlplane.fleet import services
 
 @shared_task(name="controlplane.fleet.tasks.detect_lost_servers", ignore_result=True)
 def detect_lost_servers() -> int:
-    """Idempotent: a server already offline is not marked again. Beat runs it every heartbeat interval."""
+    """Beat runs it every heartbeat interval. Correct when two beats run it at once: each pass judges under the
+    row lock of the detector's record (``NodeLossWatch``), marking and giving up are conditional updates, and a
+    pass that finds the last pass at or after its own time does nothing (controlplane/fleet/nodeloss.py)."""
     return services.detect_lost_servers()
 
 

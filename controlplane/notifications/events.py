@@ -152,7 +152,7 @@ def _servers_back(events: Sequence[Any]) -> list[Event]:
     ]
 
 
-def _hostname(server_id: int | None) -> str:
+def _hostname(server_id: int) -> str:
     from controlplane.inventory.models import Server
 
     return str(Server.objects.filter(pk=server_id).values_list("hostname", flat=True).first() or "")

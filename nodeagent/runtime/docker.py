@@ -198,7 +198,12 @@ class DockerRuntime:
             if status in LIVE_STATES:
                 if launch.desired is None or now >= launch.desired.window_end:
                     self._begin_stop(launch, now)
-                elif self._is_fenced(launch) and status in SIGNALLABLE_STATES and launch.stop_deadline is None:
+                elif (
+                    self.fenced is not None
+                    and self._is_fenced(launch)
+                    and status in SIGNALLABLE_STATES
+                    and launch.stop_deadline is None
+                ):
                     self._fence_launch(launch, now, self.fenced)  # its start was in flight when the fence came
                 elif launch.warned_for != iso(launch.desired.window_end) and now >= self._warn_at(launch.desired):
                     self._warn(launch, now)

@@ -53,6 +53,9 @@ SETTINGS = {
     "FLEET_REQUEUE_MARGIN_S": 2.0,
     "DISPATCH_WARN_BEFORE_S": 0,
     "DISPATCH_REQUEUE_MIN_S": 5,
+    # The detector's grace after its first pass (controlplane/fleet/nodeloss.py) would hold the partition's
+    # detection for a minute; the beat here starts with the test, so there is no outage of ours to wait out.
+    "FLEET_STARTUP_GRACE_S": 0,
 }
 # Says when warned (with the notice) and when told to stop, and does not stop: only the SIGKILL ends it.
 JOB = [

@@ -13,6 +13,9 @@ from control_plane_double import ControlPlaneDouble, FakeClock
 from test_agent_fencing import LEASE, FencingRuntime, desired
 from test_agent_loop import make_agent, run_for
 
+from nodeagent.agent import OUTAGE_RETRY_S
+from nodeagent.client import Backoff
+
 TOLERANCE = 60.0
 
 
@@ -149,3 +152,16 @@ def test_the_held_desired_state_waits_for_a_silent_control_plane(control_plane, 
     assert [ids for ids, _, _ in runtime.calls] == [["kept"]]
     assert agent.state.desired() is not None
     assert [d.launch_id for d in agent.state.desired()[0]] == ["kept"]
+
+
+def test_past_the_lease_retries_back_off_to_at_most_fifteen_seconds(control_plane, clock, tmp_path):
+    control_plane.lease_s, control_plane.outage_tolerance_s = LEASE, TOLERANCE * 10
+    agent = make_agent(control_plane, clock, tmp_path, backoff=Backoff(base_s=2, cap_s=60, rng=lambda: 1.0))
+    agent.step()
+    control_plane.fail(100000)
+    run_for(agent, clock, 300)
+    tries = [i for i, r in enumerate(control_plane.received) if r.path.endswith("heartbeat")]
+    assert agent.backoff.failures == len(tries) - 1
+    # The backoff alone would wait 2, 4, ... 60 s; the control plane back from an outage hears from the agent
+    # within 15 s, inside its startup grace.
+    assert len(tries) - 1 >= 300 / OUTAGE_RETRY_S

@@ -136,3 +136,28 @@ def test_records_dropped_while_a_batch_was_out_are_not_sent_again(tmp_path: Path
     rest = utils(journal.take(max_samples=5000, now=NOW))
     assert rest == sorted(rest) and rest[0] >= 50 and rest[-1] == 2999
     assert not os.listdir(tmp_path / CONTAINERS) or journal.pending(CONTAINERS) == 0
+
+
+def test_container_output_is_trimmed_after_the_samples_and_before_the_events(tmp_path: Path) -> None:
+    held = {"bytes": 0}
+
+    def trim(want: int) -> int:
+        gone = min(want, held["bytes"])
+        held["bytes"] -= gone
+        return gone
+
+    journal = Journal(tmp_path, max_bytes=64 * 1024)
+    journal.attach_logs(size=lambda: held["bytes"], trim=trim)
+    journal.add_events([schema.AgentEvent(kind="agent", ts=NOW, message="e") for _ in range(10)])
+    journal.add_samples([sample(i) for i in range(100)])
+    held["bytes"] = 60 * 1024  # the log shipper wrote a lot of output
+    journal.enforce_bound()
+    dropped = journal.dropped[SAMPLES]
+    assert dropped > 0 and journal.pending(SAMPLES) == 100 - dropped  # the oldest samples went first
+    assert journal.size <= 64 * 1024 and held["bytes"] == 60 * 1024  # which was enough
+    held["bytes"] = 70 * 1024
+    journal.enforce_bound()
+    assert journal.pending(SAMPLES) == 0 and journal.dropped[SAMPLES] == 100  # then the rest of them
+    assert held["bytes"] < 64 * 1024 and journal.dropped["logs"] > 0 and journal.dropped[EVENTS] == 0
+    message = journal.take(max_samples=10, now=NOW).events[-1].message
+    assert "dropped the oldest 100 samples and 0 events and" in message and "bytes of container output" in message

@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from controlplane.dispatch.models import Launch, LaunchLog, LaunchLogChunk
 from nodeagent.client import ControlPlaneClient
+from nodeagent.journal import Journal
 from nodeagent.logship import LogShipper
 from nodeagent.runtime.containers import LABEL_LAUNCH, LABEL_NODE
 from tests.dispatch.logs_support import Follower, running_launch, short_streams
@@ -254,6 +255,39 @@ def test_an_outage_longer_than_the_buffer_drops_the_oldest_and_the_api_shows_the
     assert gap["offset"] == len(b"before\n") and gap["bytes"] == total - 4096 - len(b"before\n")
     assert kept(launch) == written[: gap["offset"]] + written[gap["offset"] + gap["bytes"] :]
     assert entry["next_offset"] == len(written) and entry["eof"]
+
+
+def test_output_journaled_in_an_outage_arrives_after_the_container_and_the_agent_are_gone(
+    plane: dict[str, Any],
+    ship: Callable[..., LogShipper],
+    docker_client: Any,
+    busybox_image: str,
+    node: str,
+    tmp_path: Any,
+) -> None:
+    launch, switch = plane["launch"], plane["switch"]
+    script = (
+        "echo before; while [ ! -f /tmp/go ]; do sleep 0.05; done; "
+        "i=0; while [ $i -lt 3000 ]; do echo \"during $i $(printf '%060d' 0)\"; i=$((i+1)); done"
+    )
+    container = run(docker_client, busybox_image, node, launch, script)
+    # With the journal the in-memory limit does not apply: what waits is on disk, under the journal's bound.
+    shipper = ship(journal=Journal(tmp_path / "journal"), max_pending_bytes=4096)
+    wait_for(lambda: kept(launch) == b"before\n", timeout=10, what="the first line")
+    switch.down()
+    container.exec_run(["touch", "/tmp/go"])
+    container.wait(timeout=20)
+    written = container.logs(stdout=True, stderr=True)
+    wait_for(lambda: shipper.status()[launch.launch_id]["read"] == len(written), what="the shipper read it all")
+    assert shipper.status()[launch.launch_id]["pending"] == len(written) - len(b"before\n") > 200_000
+    shipper.stop()  # the agent goes (its journal is on disk), and the runtime removes the exited container
+    container.remove(force=True)
+    switch.up()
+    second = ship(journal=Journal(tmp_path / "journal"))  # the agent again, on the same state directory
+    wait_for(lambda: complete(launch), timeout=30, what="the end of the output, from the journal")
+    assert kept(launch) == written  # every byte, once, no hole
+    wait_for(lambda: launch.launch_id not in second.status(), what="the launch to be done")
+    assert not list((tmp_path / "journal" / "logs").iterdir())  # forgotten once acknowledged
 
 
 def test_the_agent_ships_live_logs_with_the_docker_runtime_unless_told_not_to(
