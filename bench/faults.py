@@ -441,10 +441,8 @@ def outage_round(system: object, prober: Prober, fault: str, outage_s: float) ->
 
     assert isinstance(system, System)
     a, b, c = system.hostnames()
-    for reservation in getattr(system, "_bench_live", []):
-        system.http.post(f"{system.url}/api/v1/reservations/{reservation}/release/", json={}, timeout=30)
-    wait_for(lambda: not [x for x in system.containers() if x.status == "running"], timeout=90, what="an idle fleet")
-    system.remove_containers()
+    system.ensure_control_plane()
+    system.release_all()
     system.set_states({a: "ready", b: "maintenance", c: "maintenance"})
     now = utcnow()
     end = now + timedelta(hours=1)
@@ -521,14 +519,12 @@ def outage_round(system: object, prober: Prober, fault: str, outage_s: float) ->
         )
     )
     duplicates = 0
-    containers = system.containers()
+    forever = datetime.max.replace(tzinfo=UTC)
     for reservation in mine:
-        lineage = {reservation, follow_ups.get(reservation)}
-        forever = datetime.max.replace(tzinfo=UTC)
-        spans = sorted((x.started, x.finished or forever) for x in containers if x.reservation in lineage)
+        lineage = [reservation, *([follow_ups[reservation]] if reservation in follow_ups else [])]
+        spans = sorted((x.started, x.finished or forever) for r in lineage for x in system.record.of(r))
         if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
             duplicates += 1
-    system._bench_live = [*mine, *follow_ups.values()]  # type: ignore[attr-defined]
     return Cost(
         fault=fault,
         api_unavailable_s=prober.unavailable_s(began, ended),
