@@ -454,7 +454,12 @@ def outage_round(system: object, prober: Prober, fault: str, outage_s: float) ->
     system.set_states({b: "ready"})
     kept.append(system.book(project="faults", name=f"{fault}-kept-1", start=utcnow() + timedelta(seconds=1), end=end))
     mine = [*kept, replaceable]
-    wait_for(lambda: all(system.running_for(r) for r in mine), timeout=90, what="three containers running")
+    wait_for(
+        lambda: all(system.running_for(r) for r in mine),
+        timeout=90,
+        what="three containers running",
+        detail=lambda: (system.states(mine), {r: system.placed_on(r) for r in mine}, system.containers()),
+    )
     system.set_states({c: "ready"})
     victim = system.agent(a)
     cp = system.control_plane

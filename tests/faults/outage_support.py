@@ -282,6 +282,7 @@ class System:
         }
         self.port = free_port()
         self.control_plane: RunningSystem | None = None
+        self.control_planes: list[RunningSystem] = []  # every start, for the logs
         self.start_control_plane()
         shell = self.shell(SETUP % agents)
         self.api_token = next(line.split()[1] for line in shell.splitlines() if line.startswith("api "))
@@ -305,6 +306,7 @@ class System:
 
     def start_control_plane(self, *, timeout: float = 240) -> RunningSystem:
         self.control_plane = RunningSystem(self.var_dir, "--no-agents", extra_env=self.env, port=self.port)
+        self.control_planes.append(self.control_plane)
         self.control_plane.wait_for(r"0 agents up", timeout=timeout)
         return self.control_plane
 
@@ -397,6 +399,14 @@ class System:
         )
         for (reservation,) in rows:
             self.release(reservation)
+        released = [r for (r,) in rows]
+        # Ended in the control plane's books too (the GPUs free for the next booking), not only in Docker.
+        wait_for(
+            lambda: not set(self.states(released).values()) & {"pending", "scheduled", "starting", "running", "ending"},
+            timeout=90,
+            what="the released reservations ended",
+            detail=lambda: self.states(released),
+        )
         wait_for(
             lambda: not [c for c in self.containers() if c.status == "running"],
             timeout=90,
@@ -464,7 +474,18 @@ class System:
             for c in self.docker.containers.list(all=True, filters={"label": f"{LABEL_NODE}={hostname}"}):
                 c.remove(force=True)
 
+    def keep_logs(self, directory: Path) -> None:
+        """The agents' logs and every runsystem's output, to read a failure after the temp dirs are gone."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for agent in self.agents:
+            if agent.log_path.exists():
+                shutil.copy(agent.log_path, directory / agent.log_path.name)
+        for i, control_plane in enumerate(self.control_planes):
+            (directory / f"runsystem-{i}.log").write_text(control_plane.output)
+
     def close(self) -> None:
+        if keep := os.environ.get("FAULTS_LOG_DIR"):
+            self.keep_logs(Path(keep))
         for agent in self.agents:
             agent.stop()
         if self.control_plane is not None:
