@@ -56,8 +56,8 @@ KILL_RETRY_S = 1.0
 # interval later, so hours of samples catch up in minutes.
 REPLAY_INTERVAL_S = 0.5
 # Past the lease, retries back off to at most this (or the heartbeat interval, if longer): a control plane back
-# from an outage hears from every agent well within its startup grace (FLEET_STARTUP_GRACE_S, 60 s), and its
-# closer does not settle a reservation before the agent's journal says what ran.
+# from an outage hears from every agent, and from its journal what ran meanwhile, well within its startup grace
+# (FLEET_STARTUP_GRACE_S, 60 s).
 OUTAGE_RETRY_S = 15.0
 
 
@@ -331,6 +331,7 @@ class Agent:
                     self._wakeup.clear()
         finally:
             self.backend.close()
+            self.buffer.sync()  # a clean stop leaves the journal on disk, durable, for the next start
             close = getattr(self.runtime, "close", None)
             if close is not None:
                 close()
@@ -435,7 +436,14 @@ class Agent:
         # desired state lets go of it, and the report must still reach a control plane that was away then.
         fresh = []
         for report in self._last_reports:
-            key = (report.state, report.container_id, report.started_at, report.finished_at, report.exit_code)
+            key = (
+                report.state,
+                report.container_id,
+                report.started_at,
+                report.finished_at,
+                report.exit_code,
+                report.fenced,
+            )
             if self._journaled.get(report.launch_id) != key:
                 self._journaled[report.launch_id] = key
                 fresh.append(report)

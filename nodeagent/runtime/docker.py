@@ -52,6 +52,7 @@ from nodeagent.runtime.containers import (
     detect_nvidia_runtime,
     iso,
     launch_report,
+    parse_docker_time,
     safe_id,
 )
 from nodeagent.runtime.devices import AmdDevices, DeviceError, GpuInfo, amd_devices
@@ -134,6 +135,9 @@ class DockerRuntime:
             self.busybox: Path | None = watchdog.static_busybox()
         else:
             self.busybox = Path(busybox) if busybox else None
+        # The lease's end the watchdogs read now: a replaceable container that exited after it, and not by our
+        # hand, was stopped by its watchdog.
+        self._lease_deadline = watchdog.read_deadline(self.lease_dir)
         self.numa_cpus = dict(numa_cpus or {})
         self._gpu_numa = gpu_numa
         # uuid -> vendor and PCI bus, so an AMD launch gets its render nodes; None: every GPU is NVIDIA's.
@@ -276,6 +280,7 @@ class DockerRuntime:
         self.fence_all = not replaceable_only
         self._collect_ops()
         self._refresh()
+        self._note_watchdog_stops()
         for launch in self._launches.values():
             # A start in flight is fenced by the reconcile that sees it running.
             if launch.launch_id in self._ops or launch.stop_deadline is not None or not self._is_fenced(launch):
@@ -292,7 +297,31 @@ class DockerRuntime:
     def renew_lease(self, deadline: datetime | None) -> None:
         """The agent's lease now ends at ``deadline`` (None: the control plane gives none): what the lease
         watchdogs of replaceable containers read (nodeagent.runtime.watchdog)."""
+        self._note_watchdog_stops()  # against the deadline that was in force until now
         watchdog.write_deadline(self.lease_dir, deadline)
+        self._lease_deadline = None if deadline is None else watchdog.read_deadline(self.lease_dir)
+
+    def _note_watchdog_stops(self) -> None:
+        """A replaceable container that exited at or after the lease's end, not stopped by us, was stopped by its
+        watchdog (the agent was dead, frozen or cut off): it is reported fenced, as the agent's fence would have,
+        so the control plane requeues it rather than taking its exit for the job's own end."""
+        deadline = self._lease_deadline
+        if deadline is None:
+            return
+        for launch in self._launches.values():
+            if not launch.replaceable or launch.fenced is not None or launch.stop_deadline is not None:
+                continue
+            if launch.container is None or launch.status not in ("exited", "dead"):
+                continue
+            finished = parse_docker_time(launch.container.attrs.get("State", {}).get("FinishedAt"))
+            if finished is None or finished < deadline:
+                continue
+            reason = f"fenced: stopped by its lease watchdog, the node agent's lease having run out at {iso(deadline)}"
+            launch.fenced = reason[:ERROR_CHARS]
+            (self._dir(launch.launch_id) / "fenced").write_text(launch.fenced + "\n")
+            if launch.final is not None:
+                launch.final = launch.final.model_copy(update={"fenced": True, "error": launch.final.error or reason})
+                self._write_json(launch, "final.json", launch.final.model_dump(mode="json"))
 
     def next_kill_at(self) -> datetime | None:
         """When the next SIGKILL of a container being stopped is due (the end of its grace), if any: the agent
@@ -321,11 +350,13 @@ class DockerRuntime:
     def report(self) -> list[schema.ContainerReport]:
         """One report per launch this runtime knows, as Docker sees it now."""
         reports: list[schema.ContainerReport] = []
-        for launch in sorted(self._launches.values(), key=lambda item: item.launch_id):
+        for launch in self._launches.values():
             if launch.container is not None:
                 # A hiccup of the engine must not cost the heartbeat its report: say what was last seen.
                 with contextlib.suppress(DockerException, RequestException):
                     launch.container.reload()
+        self._note_watchdog_stops()
+        for launch in sorted(self._launches.values(), key=lambda item: item.launch_id):
             item = launch_report(launch)
             if item is None:
                 continue

@@ -14,7 +14,7 @@ import math
 import os
 import shutil
 import struct
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ LEASE_MOUNT = f"{MOUNT_POINT}/lease"
 SCRIPT_MOUNT = f"{MOUNT_POINT}/watchdog.sh"
 BUSYBOX_MOUNT = f"{MOUNT_POINT}/busybox"
 DEADLINE = "deadline"
+# The watchdog acts this long after the agent's own fence would have (seconds, on top of rounding up).
+AFTER_THE_AGENT_S = 1
 _PT_INTERP = 3
 
 
@@ -35,8 +37,9 @@ def lease_dir(state_dir: Path | str) -> Path:
 
 
 def write_deadline(directory: Path, deadline: datetime | None) -> None:
-    """Renew (or, with None, withdraw) the lease every watchdog reads. The whole second at or before the agent's
-    own fence: the watchdog, polling once a second, stops its job no more than a second after the agent would."""
+    """Renew (or, with None, withdraw) the lease every watchdog reads: the whole second after the lease's end, plus
+    one. A live agent fences at the lease's end itself, with the notice first; the watchdog, polling once a second,
+    acts between one and three seconds later, only when the agent did not (docs/runtime.md, "Lease watchdog")."""
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o755)  # noqa: S103 - the job may run as any user; nothing secret lives here
     target = directory / DEADLINE
@@ -44,10 +47,18 @@ def write_deadline(directory: Path, deadline: datetime | None) -> None:
         target.unlink(missing_ok=True)
         return
     tmp = directory / f".{DEADLINE}.tmp"
-    tmp.write_text(f"{math.floor(deadline.timestamp())}\n")
+    tmp.write_text(f"{math.ceil(deadline.timestamp()) + AFTER_THE_AGENT_S}\n")
     os.chmod(tmp, 0o644)
     # A rename: a watchdog never reads half a number, and the directory mount shows the new file at once.
     tmp.replace(target)
+
+
+def read_deadline(directory: Path) -> datetime | None:
+    """The deadline the watchdogs read now, or None when there is none."""
+    try:
+        return datetime.fromtimestamp(int((directory / DEADLINE).read_text().strip()), tz=UTC)
+    except (OSError, ValueError, OverflowError):
+        return None
 
 
 def static_busybox() -> Path | None:

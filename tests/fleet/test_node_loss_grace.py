@@ -339,3 +339,35 @@ def test_two_detectors_at_once_open_one_disruption_and_notify_once(no_release: l
     assert NodeLossDisruption.objects.count() == 1
     assert Event.objects.filter(type=EventType.DISRUPTION).count() == 1
     assert not Server.objects.filter(state=ServerState.OFFLINE).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@override_settings(**DEFAULTS)
+def test_a_heartbeat_committed_by_another_connection_at_the_critical_step_wins(
+    no_release: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [a] = fleet("node-a")
+    judged = nodeloss._mark_offline
+    errors: list[BaseException] = []
+
+    def heartbeat_elsewhere(at: datetime) -> None:
+        try:
+            beat(Server.objects.get(pk=a.pk), at)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def heartbeat_first(*, server: Server, now: datetime, since: datetime | None) -> Any:
+        # The agent's heartbeat commits on its own connection while the detector holds its judgement open.
+        other = threading.Thread(target=heartbeat_elsewhere, args=(now,))
+        other.start()
+        other.join(timeout=30)
+        return judged(server=server, now=now, since=since)
+
+    monkeypatch.setattr(nodeloss, "_mark_offline", heartbeat_first)
+    assert steady_pass(T0 + timedelta(seconds=16)) == 0
+    assert not errors, errors
+    assert states(a) == [ServerState.COMMISSIONING]
+    assert EventType.SERVER_LOST not in types()

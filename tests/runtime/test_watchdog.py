@@ -49,28 +49,44 @@ def test_a_replaceable_container_stops_itself_when_the_lease_runs_out_with_no_ag
     wrapped.reload()
     finished = parse_docker_time(wrapped.attrs["State"]["FinishedAt"])
     assert finished is not None
-    # Stopped after the deadline (never before: the lease was the agent's to renew) and gone within the grace,
-    # plus the watchdog's one-second poll and the engine's own time.
-    assert deadline - timedelta(seconds=1) <= finished <= deadline + timedelta(seconds=grace + 2.5)
+    # Stopped after the lease's end (a second after it: a live agent would have fenced first, with its notice) and
+    # gone within the grace, plus the rounding, the watchdog's one-second poll and the engine's own time.
+    assert deadline + timedelta(seconds=1 + grace) <= finished <= deadline + timedelta(seconds=grace + 3.5)
     assert wrapped.attrs["State"]["ExitCode"] == 137  # the stubborn job ignored SIGTERM and was killed
     assert "TERM-ignored" in logs_of(wrapped) and "lease ran out" in logs_of(wrapped)
     time.sleep(1)
     assert status_of(plain) == "running"  # not replaceable: runs through the outage
 
+    # The agent back (a new process): the exit after the lease's end was the watchdog's, and is reported as a
+    # fence, so the control plane requeues the work rather than take the exit for the job's own end.
+    restarted = make_runtime(busybox=busybox)
+    report = the_report(restarted, replaceable.launch_id)
+    assert (report.state, report.fenced) == ("exited", True)
+    assert report.error is not None and "lease watchdog" in report.error
+    assert the_report(restarted, kept.launch_id).fenced is False
+
 
 def test_a_renewed_lease_keeps_the_job_running(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
     runtime = make_runtime()
     spec = make_desired(command=["sh", "-c", SIGNAL_RECORDER], replaceable=True)
-    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(seconds=2))
+    runtime.renew_lease(datetime.now(UTC) + timedelta(seconds=5))
     runtime.reconcile([spec], [], T0)
     container = container_of(docker_client, node, spec.launch_id)
-    for _ in range(5):  # the agent's heartbeats, each renewing the lease before it runs out
+    ends = []
+    for _ in range(8):  # the agent's heartbeats, each renewing the lease long before it runs out
         time.sleep(1)
-        watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) + timedelta(seconds=2))
-    assert status_of(container) == "running"
-    watchdog.write_deadline(runtime.lease_dir, datetime.now(UTC) - timedelta(seconds=1))
-    wait_for(lambda: status_of(container) == "exited", what="the watchdog")
-    assert the_report(runtime, spec.launch_id).exit_code == 0  # the job exited on SIGTERM: its own status
+        ends.append(datetime.now(UTC) + timedelta(seconds=5))
+        runtime.renew_lease(ends[-1])
+    assert status_of(container) == "running" and "lease ran out" not in logs_of(container)
+    assert the_report(runtime, spec.launch_id).state == "running"
+    wait_for(lambda: status_of(container) == "exited", timeout=15, what="the watchdog, once renewals stop")
+    assert (container.attrs["State"]["ExitCode"], "TERM" in logs_of(container)) == (0, True)  # the job's own
+    report = the_report(runtime, spec.launch_id)
+    assert (
+        report.fenced is True
+        and report.finished_at is not None
+        and report.finished_at >= ends[-1] - timedelta(seconds=1)
+    )
 
 
 def test_the_wrapper_forwards_the_notice_and_the_stop_and_keeps_the_exit_code(
@@ -115,8 +131,9 @@ def test_image_argv_follows_dockers_rule() -> None:
 
 def test_the_deadline_is_written_whole_and_withdrawn(tmp_path: Path) -> None:
     directory = tmp_path / "watchdog"
-    watchdog.write_deadline(directory, datetime(2030, 1, 1, 12, 0, 0, 900000, tzinfo=UTC))
-    # The whole second at or before the lease's end: the watchdog never outlasts the agent's own fence.
-    assert (directory / "deadline").read_text() == f"{int(datetime(2030, 1, 1, 12, tzinfo=UTC).timestamp())}\n"
+    watchdog.write_deadline(directory, datetime(2030, 1, 1, 12, 0, 0, 100000, tzinfo=UTC))
+    # The whole second after the lease's end, and one more: a live agent fences first, with its notice.
+    assert (directory / "deadline").read_text() == f"{int(datetime(2030, 1, 1, 12, 0, 2, tzinfo=UTC).timestamp())}\n"
+    assert watchdog.read_deadline(directory) == datetime(2030, 1, 1, 12, 0, 2, tzinfo=UTC)
     watchdog.write_deadline(directory, None)
     assert not (directory / "deadline").exists()
