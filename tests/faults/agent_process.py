@@ -16,7 +16,7 @@ from nodeagent.__main__ import main
 
 
 def _fronted_url(channel: commands.CommandChannel) -> str | None:
-    real = _real_url.fget(channel)  # type: ignore[misc]
+    real = _real_url.fget(channel)  # type: ignore[attr-defined]  # a property, which mypy types as its getter
     front = os.environ.get("FAULTS_AGENT_FRONT_PORT")
     if real is None or not front:
         return real

@@ -368,7 +368,7 @@ class System:
     # --- reservations ----------------------------------------------------------------------------------------
 
     def book(self, *, project: str, name: str, start: datetime, end: datetime, gpus: int = 1) -> str:
-        body = {
+        body: dict[str, Any] = {
             "project": project,
             "name": name,
             "spec": {"gpu_model": "H100-80GB", "gpu_count": gpus},

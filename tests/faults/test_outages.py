@@ -278,7 +278,7 @@ class Bookers:
             with self._lock:
                 n = next(self._n)
             start = base + timedelta(minutes=2 * n)
-            body = {
+            body: dict[str, Any] = {
                 "project": "faults",
                 "name": f"load-{n}",
                 "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
