@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from nodeagent.backends.simulated import SimulatedBackend
-from nodeagent.runtime.containers import LABEL_LAUNCH
+from nodeagent.runtime.containers import LABEL_LAUNCH, parse_docker_time
 from tests.nodeagent.control_plane_double import ControlPlaneDouble
 
 from .support import logs_of, ours, status_of, wait_for
@@ -90,10 +90,10 @@ def test_a_sigkilled_agent_restarted_mid_outage_keeps_unreplaceable_work_running
         # The replaceable job is stopped at the lease (3 s after the last answered heartbeat), whoever comes first.
         wait_for(lambda: status_of(requeued) == "exited", timeout=15, what="the replaceable job to stop")
         requeued.reload()
-        finished = datetime.fromisoformat(requeued.attrs["State"]["FinishedAt"][:26] + "+00:00")
+        finished = parse_docker_time(requeued.attrs["State"]["FinishedAt"])
         # The lease (3 s), the watchdog's rounding, second more and poll (3 s), the grace (2 s), and slack: well before
         # the control plane would requeue (the lease, the grace and its 10 s margin).
-        assert finished.timestamp() <= outage_at + 3.0 + 3 + 2 + 1.5
+        assert finished is not None and finished.timestamp() <= outage_at + 3.0 + 3 + 2 + 1.5
         time.sleep(4)
         kept.reload()
         assert kept.attrs["State"]["Status"] == "running"
@@ -119,3 +119,32 @@ def test_a_sigkilled_agent_restarted_mid_outage_keeps_unreplaceable_work_running
             if process is not None and process.poll() is None:
                 process.terminate()
                 process.wait(15)
+
+
+def test_with_no_reply_the_runtime_still_warns_and_stops_work_at_its_windows_end(
+    double, docker_client, node, busybox_image, tmp_path
+):  # type: ignore[no-untyped-def]
+    gpus = [g.uuid for g in SimulatedBackend("1xH100-80GB", hostname=node).discover()]
+    end = datetime.now(UTC) + timedelta(seconds=12)
+    recorder = "echo started; trap 'echo USR1' USR1; trap 'echo TERM; exit 0' TERM; while :; do sleep 0.1; done"
+    double.desired = [
+        {**launch("kept", gpus[0], busybox_image), "window_end": end.isoformat(), "warn_before_s": 4}
+        | {"command": ["sh", "-c", recorder]}
+    ]
+    state = tmp_path / "state"
+    agent = start_agent(double, node, state)
+    try:
+        [container] = wait_for(lambda: ours(docker_client, node), timeout=30, what="the container")
+        wait_for(lambda: "started" in logs_of(container), what="the job")
+        double.fail(100000)  # from here on, no reply at all: the control plane is down
+        wait_for(lambda: status_of(container) == "exited", timeout=25, what="the stop at the window's end")
+        container.reload()
+        finished = parse_docker_time(container.attrs["State"]["FinishedAt"])
+        assert finished is not None and end <= finished <= end + timedelta(
+            seconds=2
+        )  # at the window's end, from the held desired state
+        assert [line for line in logs_of(container).splitlines()] == ["started", "USR1", "TERM"]
+        assert container.attrs["State"]["ExitCode"] == 0
+    finally:
+        agent.terminate()
+        agent.wait(15)
