@@ -1,7 +1,22 @@
-"""Faults under load, through the whole system: a Redis outage and a PostgreSQL restart under booking clients.
+"""Faults through the whole system: what each costs the tenants' running work, and a Redis outage and a
+PostgreSQL restart under booking clients.
 
-    .venv/bin/python bench/faults.py [--clients 8] [--redis-outage 60] [--calm 20] [--after 30]
-                                     [--phases redis,postgres]
+    .venv/bin/python bench/faults.py [--phases redis,postgres,outages] [--outage 20]
+                                     [--faults web,control-plane,postgres-stop,partition,agent-kill,agent-stop]
+                                     [--clients 8] [--redis-outage 60] [--calm 20] [--after 30]
+
+The outages phase (tests/faults/outage_support.py's system: ``runsystem --no-agents`` on a private PostgreSQL
+and Redis, three agent processes with simulated H100s and the real Docker engine, each behind TCP proxies;
+lease 4 s, offline 6 s, requeue 8 s after the last heartbeat, the outage tolerance at its default) runs a round
+per fault: two jobs nothing would replace and one replaceable job (its project opted in to requeue) running, the
+replaceable one and one of the others on the node a node fault hits; then the fault for ``--outage`` seconds:
+runsystem's web child SIGKILLed once (it is restarted), every control-plane process SIGKILLed, the PostgreSQL
+cluster stopped, that node cut off by its proxies, its agent SIGKILLed, its agent SIGSTOPped; then everything
+back. Per fault it prints the seconds the API gave no 2xx (a client reading every 0.2 s), the containers
+stopped (Docker's die events; non-replaceable and replaceable apart), the reservations interrupted, and the
+duplicates (a reservation and its follow-up with two containers running at one instant, from Docker's
+StartedAt/FinishedAt), beside the baseline: the same round with no fault, in the same run. Goals: 0 stopped and
+0 interrupted but the silent node's replaceable job (fenced at its lease, requeued elsewhere), 0 duplicates.
 
 Nothing shared is touched: the bench starts a PostgreSQL cluster of its own (initdb, run as the ``postgres``
 system user when started as root) and a redis-server of its own, each on a free 127.0.0.1 port, and runs
@@ -10,7 +25,8 @@ the real Docker engine (it needs one, and the local test image: scripts/build-te
 
 ``--clients`` threads, each with a keep-alive connection and the same project's API token, book one GPU for a
 short window that opens two seconds later (one booking every ``--pace`` seconds each) and read the booking back.
-Each phase is a calm stretch (the baseline, same run), the fault, and a stretch after it:
+The redis and postgres phases run on a system of their own (runsystem with its agents). Each phase is a calm
+stretch (the baseline, same run), the fault, and a stretch after it:
 
 - redis: redis-server is stopped for ``--redis-outage`` seconds, then started again on the same port, empty
   (no persistence: the harsher case, every queued task is gone);
@@ -28,11 +44,13 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -355,6 +373,222 @@ def report(
     print(f"catch-up after the fault: {max(0.0, catch_up):.1f} s ({len(firsts)}/{len(during)} windows of the fault)")
 
 
+# --- outages: what each fault costs the tenants' running work -----------------------------------------------
+
+OUTAGE_FAULTS = ("web", "control-plane", "postgres-stop", "partition", "agent-kill", "agent-stop")
+OUTAGE_SETTINGS = {  # as tests/faults/test_outages.py: lease 4 s, offline 6 s, requeue 8 s after silence
+    "FLEET_HEARTBEAT_INTERVAL_S": "1",
+    "FLEET_FENCE_AFTER_INTERVALS": "4",
+    "FLEET_OFFLINE_AFTER_INTERVALS": "6",
+    "DISPATCH_STOP_GRACE_S": "2",
+    "FLEET_REQUEUE_MARGIN_S": "2",
+    "DISPATCH_WARN_BEFORE_S": "0",
+    "DISPATCH_REQUEUE_MIN_S": "5",
+    "FLEET_STARTUP_GRACE_S": "10",
+}
+
+
+class Prober:
+    """An API client reading one page of reservations every 0.2 s; the seconds it got no 2xx."""
+
+    def __init__(self, url: str, token: str) -> None:
+        import requests
+
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+        self.url = f"{url}/api/v1/reservations/?page_size=1"
+        self.samples: list[tuple[float, bool]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="prober")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            at = time.monotonic()
+            try:
+                ok = self.session.get(self.url, timeout=2).status_code < 300
+            except Exception:
+                ok = False
+            self.samples.append((at, ok))
+            self.stop.wait(max(0.0, 0.2 - (time.monotonic() - at)))
+
+    def unavailable_s(self, begin: float, end: float) -> float:
+        """Seconds between ``begin`` and ``end`` from each failed probe to the next probe."""
+        got = [(at, ok) for at, ok in self.samples if begin <= at <= end]
+        return sum(b[0] - a[0] for a, b in itertools.pairwise(got) if not a[1])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+@dataclass
+class Cost:
+    fault: str
+    api_unavailable_s: float
+    stopped_kept: int  # containers of non-replaceable work stopped (goal 0)
+    stopped_replaceable: int  # containers of replaceable work stopped (expected on a silent node: the fence)
+    interrupted: int
+    duplicates: int  # a reservation (with its follow-up) with two containers running at one instant (goal 0)
+    outage_s: float
+
+
+def outage_round(system: object, prober: Prober, fault: str, outage_s: float) -> Cost:
+    """Two non-replaceable jobs and one replaceable one, the replaceable one and a non-replaceable one on the
+    first node (the one a node fault hits); the fault for ``outage_s`` (the web child: one SIGKILL, restarted
+    by runsystem); then everything back; its cost from Docker's events and the control plane's records."""
+    from tests.faults.outage_support import System, utcnow, wait_for
+
+    assert isinstance(system, System)
+    a, b, c = system.hostnames()
+    system.ensure_control_plane()
+    system.release_all()
+    system.set_states({a: "ready", b: "maintenance", c: "maintenance"})
+    now = utcnow()
+    end = now + timedelta(hours=1)
+    kept = [system.book(project="faults", name=f"{fault}-kept-0", start=now + timedelta(seconds=1), end=end)]
+    replaceable = system.book(
+        project="faults-requeue", name=f"{fault}-replaceable", start=now + timedelta(seconds=1), end=end
+    )
+    wait_for(lambda: system.placed_on(replaceable) == a and system.placed_on(kept[0]) == a, timeout=30, what="on a")
+    system.set_states({b: "ready"})
+    kept.append(system.book(project="faults", name=f"{fault}-kept-1", start=utcnow() + timedelta(seconds=1), end=end))
+    mine = [*kept, replaceable]
+    wait_for(
+        lambda: all(system.running_for(r) for r in mine),
+        timeout=90,
+        what="three containers running",
+        detail=lambda: (system.states(mine), {r: system.placed_on(r) for r in mine}, system.containers()),
+    )
+    system.set_states({c: "ready"})
+    victim = system.agent(a)
+    cp = system.control_plane
+    assert cp is not None
+
+    began, since = time.monotonic(), utcnow()
+    if fault == "web":
+        import re
+
+        mark = cp.mark()
+        os.kill(int(re.findall(r"web (?:re)?started \(pid (\d+)", cp.output)[-1]), signal.SIGKILL)
+        cp.pid_of("web", after=mark, timeout=60)
+        wait_for(system.api_ready, timeout=120, what="the web server back")
+    elif fault == "control-plane":
+        system.kill_control_plane()
+        time.sleep(outage_s)
+        system.start_control_plane()
+    elif fault == "postgres-stop":
+        system.pg.stop()
+        time.sleep(outage_s)
+        system.pg.start()
+    elif fault == "partition":
+        victim.partition()
+        time.sleep(outage_s)
+        victim.heal()
+    elif fault == "agent-kill":
+        victim.kill()
+        time.sleep(outage_s)
+        victim.start()
+    elif fault == "agent-stop":
+        victim.freeze()
+        time.sleep(outage_s)
+        victim.thaw()
+    elif fault != "none":
+        raise SystemExit(f"unknown fault {fault!r}")
+    took = time.monotonic() - began
+    returned = utcnow()
+    wait_for(
+        lambda: (
+            system.sql(
+                "SELECT count(*) FROM inventory_server WHERE hostname = ANY(%s) AND last_heartbeat_at > %s",
+                [system.hostnames(), returned],
+            )[0][0]
+            == 3
+        ),
+        timeout=120,
+        what="every agent heard again",
+    )
+    wait_for(system.api_ready, timeout=60, what="the API")
+    time.sleep(5)
+    ended = time.monotonic()
+
+    events = system.stop_events(since, utcnow())
+    stopped = {e["Actor"]["Attributes"].get("gpucp.reservation") for e in events if e["Action"] == "die"}
+    states = system.states(mine)
+    follow_ups = dict(
+        system.sql(
+            "SELECT i.public_id::text, f.public_id::text FROM dispatch_requeue q "
+            "JOIN reservations_reservation f ON f.id = q.follow_up_id "
+            "JOIN reservations_reservation i ON i.id = q.interrupted_id WHERE i.public_id::text = ANY(%s)",
+            [mine],
+        )
+    )
+    duplicates = 0
+    forever = datetime.max.replace(tzinfo=UTC)
+    for reservation in mine:
+        lineage = [reservation, *([follow_ups[reservation]] if reservation in follow_ups else [])]
+        spans = sorted((x.started, x.finished or forever) for r in lineage for x in system.record.of(r))
+        if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
+            duplicates += 1
+    return Cost(
+        fault=fault,
+        api_unavailable_s=prober.unavailable_s(began, ended),
+        stopped_kept=sum(1 for r in kept if r in stopped),
+        stopped_replaceable=int(replaceable in stopped),
+        interrupted=sum(1 for state in states.values() if state == "interrupted"),
+        duplicates=duplicates,
+        outage_s=took,
+    )
+
+
+def run_outages(faults: list[str], outage_s: float) -> None:
+    """Each fault in turn on one system (tests/faults/outage_support.py: runsystem without agents on a private
+    PostgreSQL and Redis, three agent processes behind TCP proxies), after a no-fault round of the same shape,
+    the baseline."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-faults-django-"))
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import docker
+
+    from tests.faults.outage_support import System, wait_for
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-outages-"))
+    client = docker.from_env(timeout=60)
+    system = System(workdir, settings=OUTAGE_SETTINGS, agents=3, docker_client=client)
+    prober: Prober | None = None
+    costs: list[Cost] = []
+    try:
+        wait_for(system.enrolled, timeout=180, what="three agents enrolled")
+        prober = Prober(system.url, system.api_token)
+        for fault in ["none", *faults]:
+            cost = outage_round(system, prober, fault, outage_s if fault != "none" else 0.0)
+            costs.append(cost)
+            print(f"  {fault}: done ({cost.outage_s:.1f} s)", flush=True)
+    finally:
+        if prober is not None:
+            prober.close()
+        system.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(
+        f"\noutages of {outage_s:g} s (lease 4 s, offline 6 s, requeue 8 s after the last heartbeat); per fault, two "
+        "non-replaceable jobs and one replaceable job (requeue on), the replaceable one and a non-replaceable one "
+        "on the node a node fault hits; baseline: the same round with no fault ('none')"
+    )
+    print(
+        f"{'fault':<14} {'fault s':>7} {'API away s':>10} {'stopped (kept)':>14} {'stopped (repl.)':>15} "
+        f"{'interrupted':>11} {'duplicates':>10}"
+    )
+    for cost in costs:
+        print(
+            f"{cost.fault:<14} {cost.outage_s:>7.1f} {cost.api_unavailable_s:>10.1f} {cost.stopped_kept:>14} "
+            f"{cost.stopped_replaceable:>15} {cost.interrupted:>11} {cost.duplicates:>10}"
+        )
+    print("goals: 0 stopped (kept) and 0 interrupted but for the replaceable job of a silent node; 0 duplicates")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=8)
@@ -363,9 +597,16 @@ def main() -> None:
     parser.add_argument("--redis-outage", type=float, default=60.0)
     parser.add_argument("--calm", type=float, default=20.0, help="seconds of baseline before each fault")
     parser.add_argument("--after", type=float, default=30.0, help="seconds measured after each fault")
-    parser.add_argument("--phases", default="redis,postgres")
+    parser.add_argument("--phases", default="redis,postgres,outages")
+    parser.add_argument("--outage", type=float, default=20.0, help="seconds each outage of the outages phase lasts")
+    parser.add_argument("--faults", default=",".join(OUTAGE_FAULTS), help="the outages phase's faults")
     args = parser.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    if "outages" in phases:
+        phases.remove("outages")
+        run_outages([f.strip() for f in args.faults.split(",") if f.strip()], args.outage)
+        if not phases:
+            return
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-faults-"))
     pg = PrivatePostgres(workdir)

@@ -36,9 +36,12 @@ def runsystem_argv(*args: str) -> list[str]:
 class RunningSystem:
     """A ``runsystem`` in the background whose output lines are collected as they come."""
 
-    def __init__(self, var_dir: Path, *args: str, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, var_dir: Path, *args: str, extra_env: dict[str, str] | None = None, port: int | None = None
+    ) -> None:
         self.var_dir = var_dir
-        self.port = free_port()
+        # A given port: a system started again where its agents (and their proxies) expect it.
+        self.port = port or free_port()
         env = {**embedded_env(var_dir, self.port), **(extra_env or {})}
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -115,6 +118,21 @@ class RunningSystem:
             except ProcessLookupError:
                 pass
         return self.process.returncode
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL runsystem and, at once, every process of this system (web, worker, beat), as a host crash or
+        the OOM killer would: nothing gets to shut down cleanly. The pids killed."""
+        victims = [self.process.pid, *(pid for pid in self.leftovers() if pid != self.process.pid)]
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(timeout=10)
+        self._reader.join(timeout=10)
+        for pid in self.leftovers():  # one forked in between (a gunicorn worker, a restart) goes too
+            os.kill(pid, signal.SIGKILL)
+        return victims
 
     def leftovers(self) -> list[int]:
         """The processes still running with this system's var dir in their environment."""
