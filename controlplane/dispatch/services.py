@@ -523,6 +523,9 @@ def _close_stuck(*, now: datetime) -> int:
             reservation__starts_at__lte=now - start_timeout,
         )
         .exclude(server__state=ServerState.OFFLINE)
+        # Judged only once its agent was heard after the start was due: one silent since (an outage, ours or its
+        # network's) may have started it from the desired state it holds, and its replayed reports will say so.
+        .exclude(server__last_heartbeat_at__lt=F("reservation__starts_at") + start_timeout)
         .values_list("pk", "reservation_id")[:BATCH]
     )
     for pk, reservation_id in never_started:

@@ -283,14 +283,31 @@ def test_a_report_about_another_servers_launch_is_ignored():
 
 def test_a_launch_that_never_starts_fails_after_the_start_timeout():
     h100 = gpu_model()
-    server(h100, gpus=1)
+    srv = server(h100, gpus=1)
     r = book(project(), h100, seconds=3600)
     opened(r)
+    Server.objects.filter(pk=srv.pk).update(last_heartbeat_at=r.starts_at + timedelta(seconds=31))
     with override_settings(DISPATCH_START_TIMEOUT_S=30):
         services.dispatch_close_due(now=r.starts_at + timedelta(seconds=31))
     r.refresh_from_db()
     assert r.state == ReservationState.FAILED
     assert "did not start the container within 30 s" in r.events.last().reason
+
+
+def test_a_launch_whose_agent_was_not_heard_since_its_start_was_due_is_not_failed():
+    """Its agent, silent through an outage, may have started it from the desired state it holds: its replayed
+    reports decide, or node loss gives the launch up."""
+    h100 = gpu_model()
+    srv = server(h100, gpus=1)
+    r = book(project(), h100, seconds=3600)
+    [launch] = opened(r)
+    Server.objects.filter(pk=srv.pk).update(last_heartbeat_at=r.starts_at + timedelta(seconds=29))
+    with override_settings(DISPATCH_START_TIMEOUT_S=30):
+        services.dispatch_close_due(now=r.starts_at + timedelta(seconds=600))
+    r.refresh_from_db()
+    launch.refresh_from_db()
+    assert r.state == ReservationState.STARTING
+    assert launch.state == LaunchState.PENDING
 
 
 def lose(srv: Server, *, silent_for: float = 30.0) -> None:
