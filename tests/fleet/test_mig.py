@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from controlplane.core.errors import Conflict
 from controlplane.fleet import mig as fleet_mig
 from controlplane.inventory.choices import EventKind, MigChange, ServerState, Vendor
-from controlplane.inventory.models import Gpu, GpuModel, MigDevice, ServerEvent
+from controlplane.inventory.models import Gpu, GpuModel, MigDevice, Server, ServerEvent
 from controlplane.inventory.services import server_set_state
 from controlplane.reservations.models import Reservation
 from controlplane.reservations.services import reservation_cancel, reservation_create, reservation_extend
@@ -268,3 +268,33 @@ def test_a_slice_whose_device_is_gone_is_not_extended(node: Any, agent: Any, ope
         reservation_extend(reservation=reservation, ends_at=later + timedelta(hours=1), actor=operator)
     assert refused.value.code == "gpu_unavailable"
     assert reservation.allocations.get().mig_device.uuid in refused.value.message  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("before", [ServerState.READY, ServerState.DRAINING, ServerState.MAINTENANCE])
+def test_an_offline_server_reporting_a_changed_layout_returns_to_its_previous_state(
+    node: Any, agent: Any, operator: Any, before: str
+) -> None:
+    """Node loss marked it offline (as ``fleet.services._mark_offline`` writes it); it comes back rebooted,
+    its MIG instances gone: the heartbeat is taken and the server is what it was."""
+    server, _ = node
+    seven = facts_of("1xH100-80GB:mig=7x1g.10gb")
+    assert post(agent, heartbeat("node-a", gpus=seven)).status_code == 200
+    server_set_state(server=server, to=ServerState.READY, actor=operator, reason="burn-in passed")
+    booked = book_slice().allocations.get()
+    if before != ServerState.READY:
+        server_set_state(server=server, to=before, actor=operator, reason="kernel update")
+    Server.objects.filter(pk=server.pk).update(state=ServerState.OFFLINE, state_before_offline=before)
+
+    response = post(agent, heartbeat("node-a", seq=0, start=T0.replace(minute=9), gpus=without_devices(seven)))
+    assert response.status_code == 200, response.content
+    assert response.json()["server_state"] == before
+    server.refresh_from_db()
+    assert (server.state, server.state_before_offline) == (before, "")
+    back = ServerEvent.objects.filter(kind=EventKind.STATE, from_state=ServerState.OFFLINE).get()
+    assert back.to_state == before and back.actor_label == "agent:node-a"
+    booked.refresh_from_db()
+    assert booked.mig_device is not None and not booked.mig_device.present
+    # And again after the layout is back: still its state, the device present again.
+    response = post(agent, heartbeat("node-a", seq=1, start=T0.replace(minute=10), gpus=seven))
+    assert response.status_code == 200 and response.json()["server_state"] == before
+    assert MigDevice.objects.get(pk=booked.mig_device_id).present
