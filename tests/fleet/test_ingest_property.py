@@ -195,12 +195,12 @@ def _events(data: st.DataObject, world: World, node: Node, gpus: list[dict[str, 
     uuids = [g["uuid"] for g in gpus] + [g.uuid for g in node.pool]
     for _ in range(data.draw(st.integers(0, 3), label="events")):
         kind = data.draw(st.sampled_from(["xid", "mig", "agent", "error", "container", "session"]), label="event")
-        event: dict[str, Any] = {"kind": kind, "ts": _clock(data, "event clock").isoformat(), "message": "x"}
+        item: dict[str, Any] = {"kind": kind, "ts": _clock(data, "event clock").isoformat(), "message": "x"}
         if kind == "session":
             # Gateway sessions of the node's reservations: phases repeated, a close before its open, times skewed.
             reservations = sorted({r for r, _ in world.launches.values()}) or ["r-unknown"]
-            event["reservation"] = data.draw(st.sampled_from(reservations), label="session of")
-            event["session"] = {
+            item["reservation"] = data.draw(st.sampled_from(reservations), label="session of")
+            item["session"] = {
                 "session_id": f"s{data.draw(st.integers(0, 2))}",
                 "phase": data.draw(st.sampled_from(["open", "close"])),
                 "user": "ada",
@@ -211,14 +211,14 @@ def _events(data: st.DataObject, world: World, node: Node, gpus: list[dict[str, 
                 "kinds": ["shell"],
             }
         if uuids:
-            event["uuid"] = data.draw(st.sampled_from(uuids))
+            item["uuid"] = data.draw(st.sampled_from(uuids))
         if kind == "xid":
-            event["xid"] = data.draw(st.sampled_from([13, 31, 43, 79, 100000]))  # application XIDs count for nothing
+            item["xid"] = data.draw(st.sampled_from([13, 31, 43, 79, 100000]))  # application XIDs count for nothing
         if kind == "mig":
             generations = list(Gpu.objects.filter(uuid__in=uuids).values_list("mig_generation", flat=True))
-            event["generation"] = data.draw(st.sampled_from([0, 1, 2**40, *generations]))
-            event["outcome"] = data.draw(st.sampled_from(["applied", "refused", "reset_required"]))
-        events.append(event)
+            item["generation"] = data.draw(st.sampled_from([0, 1, 2**40, *generations]))
+            item["outcome"] = data.draw(st.sampled_from(["applied", "refused", "reset_required"]))
+        events.append(item)
     return events
 
 
@@ -226,7 +226,8 @@ def _containers(data: st.DataObject, world: World, gpus: list[dict[str, Any]]) -
     known = sorted(world.launches)
     reports = []
     for _ in range(data.draw(st.integers(0, 4), label="containers")):
-        if known and data.draw(st.booleans()):
+        ours = data.draw(st.booleans(), label="a launch of the node's") if known else False
+        if ours:
             launch = data.draw(st.sampled_from(known), label="launch")
             reservation, uuids = world.launches[launch]
         else:
@@ -282,7 +283,7 @@ def _send(data: st.DataObject, world: World, node: Node, other: Node, *, first: 
     gpus = _gpus(data, node, moved, every=first)
     seq = _seq(data, node)
     facts = {"hostname": node.server.hostname, "agent_version": "0.1.0", "backend": "simulated", "simulated": True}
-    body = {
+    body: dict[str, Any] = {
         "schema_version": 1,
         "seq": seq,
         "sent_at": _clock(data, "sent_at").isoformat(),
