@@ -74,6 +74,10 @@ SAMPLE_FIELDS = (
 )
 
 MAX_GPUS = 64
+# Counters and sizes stop where the control plane's integer columns do (PostgreSQL's integer and bigint), so a
+# value the schema accepts is one the heartbeat can store: beyond them it is a 400 naming the field, never a 500.
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
 MAX_SAMPLES = 64 * 720  # a few minutes of 1 Hz samples for a full server, buffered while offline
 MAX_EVENTS = 1000
 MAX_CONTAINERS = 256
@@ -150,7 +154,7 @@ class MigDevice(Strict):
     profile: MigProfileName | None = None
     # NVML's profile id (nvmlGpuInstanceInfo_t.profileId), which nvidia-smi -lgip lists as "ID".
     profile_id: Annotated[int, Field(ge=0, le=64)] | None = None
-    memory_mib: Annotated[int, Field(ge=0)] | None = None
+    memory_mib: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     # Compute slices (the "Ng" of the profile) and memory slices (eighths of the memory) of the GPU instance.
     compute_slices: Annotated[int, Field(ge=0, le=8)] | None = None
     memory_slices: Annotated[int, Field(ge=0, le=8)] | None = None
@@ -172,7 +176,7 @@ class GpuFacts(Strict):
     uuid: Uuid
     index: Annotated[int, Field(ge=0, le=255)]
     name: Annotated[str, Field(min_length=1, max_length=128)]
-    memory_total_mib: Annotated[int, Field(ge=0)]
+    memory_total_mib: Annotated[int, Field(ge=0, le=MAX_INT32)]
     pci_bus_id: ShortText | None = None
     numa_node: Annotated[int, Field(ge=-1, le=1024)] | None = None
     # NVLink peers on NVIDIA, XGMI peers on AMD: GPUs this one talks to without the PCIe switch.
@@ -185,7 +189,10 @@ class GpuFacts(Strict):
     mig: MigState | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
-Finite = Annotated[float, Field(allow_inf_nan=False)]
+# The widest reading NVML or DCGM gives is an unsigned 64-bit counter. Beyond it a value is no reading, and the
+# minute rollups' sums of such values would overflow PostgreSQL's double precision (an error, not infinity).
+MAX_READING = 2.0**64
+Finite = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_READING, le=MAX_READING)]
 
 
 class GpuSample(Strict):
@@ -300,7 +307,7 @@ class ContainerReport(Strict):
     gpu_uuids: list[Uuid] = Field(default_factory=list, max_length=MAX_GPUS)
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    exit_code: int | None = None
+    exit_code: Annotated[int, Field(ge=-MAX_INT32 - 1, le=MAX_INT32)] | None = None
     error: Annotated[str, Field(max_length=2000)] | None = None
     log_tail: Annotated[str, Field(max_length=16000)] | None = None
     # Stopped by the agent's fence (no reply from the control plane for its lease), not by the control plane;
@@ -317,7 +324,7 @@ class VolumeUsage(Strict):
 
     project: ProjectSlug
     name: VolumeName
-    used_bytes: Annotated[int, Field(ge=0)]
+    used_bytes: Annotated[int, Field(ge=0, le=MAX_INT64)]
     measured_at: datetime
 
 
@@ -328,7 +335,7 @@ class HeartbeatV1(Strict):
     """Version 1 of the heartbeat, one object per sample: what agents before version 2 send."""
 
     schema_version: Literal[1] = 1
-    seq: Annotated[int, Field(ge=0)]
+    seq: Annotated[int, Field(ge=0, le=MAX_INT64)]
     sent_at: datetime
     node: NodeFacts
     gpus: list[GpuFacts] = Field(max_length=MAX_GPUS)
@@ -345,7 +352,7 @@ class Heartbeat(Strict):
     """
 
     schema_version: Literal[2] = HEARTBEAT_SCHEMA_VERSION
-    seq: Annotated[int, Field(ge=0)]
+    seq: Annotated[int, Field(ge=0, le=MAX_INT64)]
     sent_at: datetime
     node: NodeFacts
     gpus: list[GpuFacts] = Field(max_length=MAX_GPUS)

@@ -54,7 +54,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from rest_framework.exceptions import APIException
 
-from controlplane.core.api.errors import error_body
+from controlplane.core.api.errors import database_unavailable, error_body
 from controlplane.core.api.parsers import parse_json, text_problem
 from controlplane.core.choices import IdempotencyState
 from controlplane.core.db import LOCK_NOT_AVAILABLE, sqlstate
@@ -141,15 +141,11 @@ def _in_progress() -> JsonResponse:
     )
 
 
-def _unavailable() -> JsonResponse:
-    response = _error(
-        503,
-        "database_unavailable",
+def _unavailable() -> HttpResponse:
+    return database_unavailable(
         "The database failed while this request was being completed. Retry it with the same "
-        f"{HEADER}: it runs again if nothing of it was kept, or answers as it did.",
+        f"{HEADER}: it runs again if nothing of it was kept, or answers as it did."
     )
-    response["Retry-After"] = "1"
-    return response
 
 
 class IdempotencyMiddleware:

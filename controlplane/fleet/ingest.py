@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -96,6 +96,7 @@ def _validate_references(heartbeat: schema.Heartbeat | schema.HeartbeatV1) -> No
     fields: dict[str, list[str]] = {}
     seen_uuid: set[str] = set()
     seen_index: set[int] = set()
+    seen_mig: set[str] = set()
     for i, g in enumerate(heartbeat.gpus):
         if g.uuid in seen_uuid:
             fields[f"gpus.{i}.uuid"] = [f"GPU {g.uuid} is reported twice."]
@@ -103,6 +104,10 @@ def _validate_references(heartbeat: schema.Heartbeat | schema.HeartbeatV1) -> No
             fields[f"gpus.{i}.index"] = [f"Index {g.index} is reported twice."]
         seen_uuid.add(g.uuid)
         seen_index.add(g.index)
+        for j, d in enumerate(g.mig.devices if g.mig is not None else ()):
+            if d.uuid in seen_mig:
+                fields[f"gpus.{i}.mig.devices.{j}.uuid"] = [f"MIG device {d.uuid} is reported twice."]
+            seen_mig.add(d.uuid)
     samples: Sequence[schema.GpuSample | schema.GpuSeries] = heartbeat.samples
     for i, s in enumerate(samples):
         if s.uuid not in reported:
@@ -153,6 +158,7 @@ def _ingest(
     events: list[ServerEvent] = []
 
     gpus: dict[str, Gpu] = {g.uuid: g for g in found}
+    places = {g.uuid: _place(g) for g in found}
     previous_fields = {uuid: dict(g.telemetry) for uuid, g in gpus.items()}
     previous_mig = {uuid: g.mig for uuid, g in gpus.items()}
     reported = {f.uuid: f for f in heartbeat.gpus}
@@ -201,6 +207,8 @@ def _ingest(
     if new_uuids:
         # A card moved here from another server keeps its row (and history); it changes server.
         for gpu in Gpu.objects.filter(uuid__in=new_uuids).select_related("server"):
+            places[gpu.uuid] = _place(gpu)
+            previous_mig[gpu.uuid] = gpu.mig  # its devices follow what it reports here, MIG off included
             events.append(
                 server_event(
                     server=server,
@@ -301,6 +309,8 @@ def _ingest(
     # A steady heartbeat's three writes (GPUs, minutes, server) go to the database together: one round trip.
     writes: list[Statement] = []
     if changed:
+        if _vacate_places(changed, places):
+            dirty.add("present")  # back for those of them reported
         writes.append(bulk_set_statement(list(changed.values()), sorted(dirty)))
     if created:
         execute_together(writes)
@@ -477,6 +487,26 @@ def _lock_server_and_read_gpus_for_credential(credential: str) -> tuple[Server, 
     if found[0][2] is not None:
         raise CredentialRefused("The node credential was revoked; enroll the node again.")
     return _server_and_gpus(found, 3)
+
+
+def _place(gpu: Gpu) -> tuple[int, int] | None:
+    """Where the GPU sits in the one-index-per-present-GPU constraint (``gpu_unique_index_per_server``)."""
+    return (gpu.server_id, gpu.index) if gpu.present else None
+
+
+def _vacate_places(changed: Mapping[str, Gpu], before: Mapping[str, tuple[int, int] | None]) -> bool:
+    """Let GPUs take places that others give up in the same heartbeat: indexes swapped (cards reseated, the
+    enumeration changed), a card moved in or back at the index of one that went missing.
+
+    The heartbeat validated that the reported indexes are distinct, so the end state is valid; but both engines
+    check a unique index row by row inside one UPDATE, so a GPU taking an index another GPU only gives up later
+    in that statement fails it. When any GPU takes a new place, those leaving theirs leave first (present off,
+    one statement; the GPUs' update then sets the end state). A steady heartbeat costs nothing here. True when
+    they left: the update must then write ``present`` too."""
+    if not any(_place(g) is not None and _place(g) != before.get(uuid) for uuid, g in changed.items()):
+        return False
+    leaving = [g.pk for uuid, g in changed.items() if before.get(uuid) is not None and _place(g) != before[uuid]]
+    return bool(leaving) and Gpu.objects.filter(pk__in=leaving).update(present=False) > 0
 
 
 def _health_sentence(gpu: Gpu, raised: list[str], cleared: list[str], verdict: health.Health) -> str:

@@ -83,32 +83,40 @@ def after_ingest(
 
 
 def _sync_devices(gpu: Gpu, server: Any, events: list[ServerEvent], actor: str, now: datetime) -> None:
+    """Make the GPU's MigDevice rows say what its agent reports: new uuids added, devices no longer reported
+    marked gone, devices reported again under their uuid back. Never a delete: allocations of the past name
+    these rows (the PROTECT foreign key), and a heartbeat that failed on them would fail on every heartbeat."""
     reported = schema.MigState.model_validate(gpu.mig).devices if gpu.mig else []
     by_uuid = {d.uuid: d for d in reported}
     existing = {d.uuid: d for d in MigDevice.objects.filter(gpu=gpu)}
-    gone = [uuid for uuid in existing if uuid not in by_uuid]
-    if gone:
-        MigDevice.objects.filter(gpu=gpu, uuid__in=gone).delete()
-    # A uuid seen under another GPU (a card moved with its MIG layout) moves with it.
-    MigDevice.objects.filter(uuid__in=[u for u in by_uuid if u not in existing]).exclude(gpu=gpu).delete()
-    fields = ["profile", "profile_id", "gpu_instance_id", "compute_instance_id", "memory_mib", "compute_slices",
-              "memory_slices", "placement_start"]  # fmt: skip
-    added, updated = [], []
+    # A uuid seen under another GPU (a card moved with its MIG layout) moves here with its history.
+    elsewhere = {d.uuid: d for d in MigDevice.objects.filter(uuid__in=[u for u in by_uuid if u not in existing])}
+    gone = [row for uuid, row in existing.items() if row.present and uuid not in by_uuid]
+    for row in gone:
+        row.present, row.gone_at = False, now
+    added: list[MigDevice] = []
+    returned: list[MigDevice] = []
+    updated: list[MigDevice] = []
     for uuid, d in by_uuid.items():
-        values = {f: getattr(d, f) for f in fields}
+        values: dict[str, Any] = {f: getattr(d, f) for f in _REPORTED}
         values["profile"] = values["profile"] or ""
-        row = existing.get(uuid)
-        if row is None:
+        found = existing.get(uuid) or elsewhere.get(uuid)
+        if found is None:
             added.append(MigDevice(gpu=gpu, uuid=uuid, **values))
-        elif any(getattr(row, f) != v for f, v in values.items()):
+            continue
+        back = not found.present or found.gpu_id != gpu.pk
+        if back:
+            returned.append(found)
+        values.update(gpu_id=gpu.pk, present=True, gone_at=None)
+        if back or any(getattr(found, f) != v for f, v in values.items()):
             for f, v in values.items():
-                setattr(row, f, v)
-            updated.append(row)
+                setattr(found, f, v)
+            updated.append(found)
+    if gone or updated:
+        MigDevice.objects.bulk_update([*gone, *updated], [*_REPORTED, "gpu", "present", "gone_at"])
     if added:
         MigDevice.objects.bulk_create(added)
-    if updated:
-        MigDevice.objects.bulk_update(updated, fields)
-    if added or gone or updated:
+    if added or updated or gone:
         layout = " + ".join(sorted(d.profile or "?" for d in reported)) or "none"
         events.append(
             server_event(
@@ -118,9 +126,17 @@ def _sync_devices(gpu: Gpu, server: Any, events: list[ServerEvent], actor: str, 
                 actor=actor,
                 at=now,
                 reason=f"GPU {gpu.index} MIG devices: {layout}",
-                data={"added": [d.uuid for d in added], "removed": gone, "layout": layout},
+                data={
+                    "added": [d.uuid for d in [*added, *returned]],
+                    "removed": [d.uuid for d in gone],
+                    "layout": layout,
+                },
             )
         )
+
+
+_REPORTED = ["profile", "profile_id", "gpu_instance_id", "compute_instance_id", "memory_mib", "compute_slices",
+             "memory_slices", "placement_start"]  # fmt: skip
 
 
 def desired_for(gpus: Iterable[Gpu]) -> list[schema.DesiredMig]:

@@ -256,11 +256,19 @@ class Gpu(models.Model):
         return f"{self.server.hostname}:{self.index} ({self.uuid})"
 
 
-class MigDevice(models.Model):
-    """A MIG device of a GPU (a compute instance in a GPU instance): the unit a slice booking will rent.
+class MigDeviceQuerySet(models.QuerySet["MigDevice"]):
+    def present(self) -> MigDeviceQuerySet:
+        """The devices the GPU has now: what placement, availability and the fleet API look at."""
+        return self.filter(present=True)
 
-    Rows follow the agent's reports: a device that is no longer reported is deleted, one with a new uuid is
-    added, so its uuid is what a container is given."""
+
+class MigDevice(models.Model):
+    """A MIG device of a GPU (a compute instance in a GPU instance): the unit a slice booking rents.
+
+    Rows follow the agent's reports, keyed by the device's uuid, which is what a container is given: a device
+    no longer reported is marked gone (``present`` false, ``gone_at``), never deleted, since allocations of the
+    past name it; one reported again under its uuid comes back. Recreated instances get new uuids from the
+    driver, so a new uuid is a new device, even where an old one sat."""
 
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_devices")
     uuid = models.CharField(max_length=64, unique=True)
@@ -273,6 +281,10 @@ class MigDevice(models.Model):
     memory_slices = models.PositiveSmallIntegerField(null=True, blank=True)
     # The first of the GPU's eight memory slices it covers: with memory_slices, the span a booking excludes.
     placement_start = models.PositiveSmallIntegerField(null=True, blank=True)
+    present = models.BooleanField(default=True, help_text="False once its agent stopped reporting it.")
+    gone_at = models.DateTimeField(null=True, blank=True, help_text="When its agent stopped reporting it.")
+
+    objects = MigDeviceQuerySet.as_manager()
 
     class Meta:
         ordering = ["gpu", "placement_start", "uuid"]

@@ -105,8 +105,10 @@ def _held(
 
 
 def _bookable() -> QuerySet[MigDevice]:
-    """Devices on GPUs a booking may use: present, healthy, MIG on, on a ready server, with a known span."""
-    return MigDevice.objects.filter(
+    """The one definition of a usable slice: a device its agent still reports (not gone), on a GPU that is
+    present, healthy and in MIG mode on a ready server, with a known span. Placement, the earliest-window
+    search, the free read and slices by memory all start from it."""
+    return MigDevice.objects.present().filter(
         gpu__present=True,
         gpu__health=GpuHealth.HEALTHY,
         gpu__server__state=ServerState.READY,

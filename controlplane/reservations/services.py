@@ -612,7 +612,7 @@ def _extension_plan(
         hooks.recheck_volumes_free(
             project=current.project, volumes=list(current.volumes), window=extra, reservation_id=current.pk
         )
-    allocations = list(current.allocations.filter(active=True))
+    allocations = list(current.allocations.filter(active=True).select_related("mig_device"))
     if lock:
         gpus = _lock_gpus(a.gpu_id for a in allocations)
     else:
@@ -634,6 +634,9 @@ def _extension_plan(
             extra={"free_until": clash.starts_at.isoformat()},
         )
     unplaceable = [gpu.uuid for gpu in gpus.values() if not _still_placeable(gpu)]
+    # A slice whose MIG device its agent no longer reports (a restart without the MIG manager) has nothing to
+    # extend onto: the device is kept only for the history (docs/fractional.md).
+    unplaceable += [a.mig_device.uuid for a in allocations if a.mig_device is not None and not a.mig_device.present]
     if unplaceable:
         raise Conflict(f"GPU {unplaceable[0]} is no longer available for booking.", code="gpu_unavailable")
     extra_hours = _hours(extra.seconds)

@@ -1,5 +1,5 @@
 """PostgreSQL drops connections: keyed bookings broken at each step, idle web and worker connections after a
-restart.
+restart, the agent's heartbeat while the database is away.
 
 The web is the live server (real HTTP, keep-alive, one persistent database connection per handler thread, as
 under gunicorn's threads); the fault is the real one, ``pg_terminate_backend`` of the connection serving the
@@ -13,10 +13,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import requests
 from django.utils import timezone
@@ -26,7 +28,7 @@ from controlplane.core.models import IdempotencyRecord
 from controlplane.reservations import services
 from controlplane.reservations.models import Reservation
 from tests.conftest import service_missing
-from tests.dispatch.support import CeleryWorker, PrivateRedis, celery_broker
+from tests.dispatch.support import CeleryWorker, PrivateRedis, celery_broker, database_url
 from tests.factories import ApiTokenFactory, UserFactory
 from tests.faults.pg_support import Gate, backend_pid, fault_at, terminate, terminate_all, wait_until, waits_on_lock
 from tests.reservations.fleet import gpu_model, project, server
@@ -271,3 +273,90 @@ def test_a_periodic_task_after_a_restart_succeeds_on_its_first_run(worker):
     assert time.monotonic() - t0 < 10
     log = worker.log()
     assert "AdminShutdown" not in log and "raised unexpected" not in log, log[-3000:]
+
+
+# -- the agent's heartbeat while the database is away (issue 22) ------------------------------------------
+
+
+class Agent:
+    """An enrolled node's agent: a keep-alive session posting heartbeats with its node credential."""
+
+    def __init__(self, base_url: str) -> None:
+        from tests.fleet.helpers import enroll, h100_model
+
+        h100_model()
+        self.server, credential = enroll("node-pg")
+        self.url = f"{base_url}/api/v1/agent/heartbeat"
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {credential}"
+        self.seq = 0
+
+    def beat(self) -> requests.Response:
+        from tests.fleet.helpers import heartbeat
+
+        self.seq += 1
+        body = heartbeat("node-pg", seq=self.seq, start=timezone.now())
+        return self.session.post(self.url, json=body, timeout=30)
+
+
+@pytest.fixture
+def pg_agent(live_server) -> Iterator[Agent]:  # type: ignore[no-untyped-def]
+    a = Agent(live_server.url)
+    yield a
+    a.session.close()
+
+
+def assert_unavailable(response: requests.Response) -> None:
+    assert response.status_code == 503, response.text[:500]
+    error = response.json()["error"]
+    assert error["code"] == "database_unavailable" and error["message"], error
+    assert response.headers["Retry-After"] == "1"
+
+
+@contextmanager
+def database_away() -> Iterator[None]:
+    """The test database refuses every new connection and loses the ones it had (but this test's own): to the
+    web, PostgreSQL is down. ``ALLOW_CONNECTIONS false`` holds superusers out too."""
+    from django.db import connection
+
+    name, spare = connection.settings_dict["NAME"], backend_pid()
+    with psycopg.connect(database_url().rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
+                [name, spare],
+            )
+            yield
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+
+def test_the_heartbeat_answers_503_database_unavailable_while_the_database_is_away(pg_agent):
+    """Not a 500: the agent is told to send it again, in the API's one error shape, as the booking API tells a
+    keyed booking (core.api.errors.database_unavailable). Nothing of it is kept; once the database is back
+    the next heartbeat is taken."""
+    assert pg_agent.beat().status_code == 200
+    with database_away():
+        down = [pg_agent.beat() for _ in range(3)]
+    for response in down:
+        assert_unavailable(response)
+    back = pg_agent.beat()
+    assert back.status_code == 200, back.text[:500]
+    pg_agent.server.refresh_from_db()
+    assert pg_agent.server.last_heartbeat_seq == pg_agent.seq
+
+
+def test_a_heartbeat_whose_connection_dies_mid_ingest_answers_503_and_the_next_is_taken(pg_agent, monkeypatch):
+    """A restart or failover drops the connection between the heartbeat's statements."""
+    from controlplane.fleet import ingest
+
+    assert pg_agent.beat().status_code == 200
+    with fault_at(monkeypatch, ingest, "_ingest", before=True) as fault:
+        cut = pg_agent.beat()
+    assert fault.fired == ["_ingest"]
+    assert_unavailable(cut)
+    pg_agent.server.refresh_from_db()
+    assert pg_agent.server.last_heartbeat_seq == pg_agent.seq - 1  # nothing of the cut one was kept
+    again = pg_agent.beat()
+    assert again.status_code == 200, again.text[:500]

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from controlplane.fleet.models import GpuTelemetryMinute
 from controlplane.inventory.models import Gpu, Server, ServerEvent
 from tests.factories import ApiTokenFactory, OperatorFactory
-from tests.fleet.helpers import T0, enroll, gpu_facts, heartbeat
+from tests.fleet.helpers import T0, enroll, gpu_facts, heartbeat, ingest
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/agent/heartbeat"
@@ -22,6 +22,10 @@ URL = "/api/v1/agent/heartbeat"
 def post(client: APIClient, body: Any) -> Any:
     raw = body if isinstance(body, (str, bytes)) else json.dumps(body)
     return client.generic("POST", URL, raw, content_type="application/json")
+
+
+def _mig(*uuids: str) -> dict[str, Any]:
+    return {"current": True, "pending": True, "devices": [{"uuid": u} for u in uuids]}
 
 
 def counts() -> tuple[int, int, int]:
@@ -112,6 +116,15 @@ def test_fleet_side_of_a_heartbeat_is_a_handful_of_statements(
         (lambda b: b["node"].update(colour="blue"), "node.colour"),
         (lambda b: b.update(schema_version=3), "schema_version"),
         (lambda b: b["samples"][1].update(uuid="GPU-not-reported"), "samples.1.uuid"),
+        # Beyond the columns (bigint, integer) and NVML's widest counter: a 400, not the database's 500.
+        (lambda b: b.update(seq=2**63), "seq"),
+        (lambda b: b["gpus"][0].update(memory_total_mib=2**31), "gpus.0.memory_total_mib"),
+        (
+            lambda b: b["samples"][0]["fields"].update({"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 2.0**65}),
+            "samples.0.fields.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        ),
+        (lambda b: b["gpus"][1].update(mig=_mig("MIG-a", "MIG-a")), "gpus.1.mig.devices.1.uuid"),
+        (lambda b: [g.update(mig=_mig("MIG-a")) for g in b["gpus"]], "gpus.1.mig.devices.0.uuid"),
     ],
     ids=[
         "missing-field",
@@ -121,6 +134,11 @@ def test_fleet_side_of_a_heartbeat_is_a_handful_of_statements(
         "unknown-field",
         "wrong-schema-version",
         "sample-for-unknown-gpu",
+        "seq-past-bigint",
+        "memory-past-integer",
+        "reading-past-2-64",
+        "mig-device-twice-on-a-gpu",
+        "mig-device-on-two-gpus",
     ],
 )
 def test_malformed_heartbeat_names_the_field_and_stores_nothing(
@@ -385,3 +403,29 @@ def test_a_malformed_credential_is_refused_before_the_body_is_read(node: Any) ->
     response = post(client, b"{not json")
     assert response.status_code == 401
     assert "not a node credential" in response.json()["error"]["message"]
+
+
+def test_gpus_that_swap_indexes_or_take_a_missing_ones_are_taken(agent: APIClient, node: Any) -> None:
+    """Indexes are unique among a server's present GPUs, and both engines check that row by row inside one
+    UPDATE: a swap (cards reseated, the enumeration changed) or a card moved in at the index of one that went
+    missing must not fail the heartbeat on the way to a valid end."""
+    first = gpu_facts("node-a", count=3)
+    assert post(agent, heartbeat("node-a", gpus=first)).status_code == 200
+    swapped = [{**first[0], "index": 1}, {**first[1], "index": 0}, first[2]]
+    response = post(agent, heartbeat("node-a", seq=2, start=T0 + timedelta(minutes=1), gpus=swapped))
+    assert response.status_code == 200, response.content
+    assert dict(Gpu.objects.values_list("uuid", "index")) == {g["uuid"]: g["index"] for g in swapped}
+    # GPU 2 goes missing and another node's card arrives at its index, while 0 and 1 swap back.
+    other, _ = enroll("node-b")
+    moved = gpu_facts("node-b", count=1)[0]
+    ingest(other, heartbeat("node-b", gpus=[moved]))
+    back = [first[0], first[1], {**moved, "index": 2}]
+    response = post(agent, heartbeat("node-a", seq=3, start=T0 + timedelta(minutes=2), gpus=back))
+    assert response.status_code == 200, response.content
+    rows = {g.uuid: (g.server.hostname, g.index, g.present) for g in Gpu.objects.select_related("server")}
+    assert rows == {
+        first[0]["uuid"]: ("node-a", 0, True),
+        first[1]["uuid"]: ("node-a", 1, True),
+        first[2]["uuid"]: ("node-a", 2, False),
+        moved["uuid"]: ("node-a", 2, True),
+    }

@@ -106,6 +106,15 @@ def status_error(
     return error_response(error_body(default_code, message or default_message, fields), status_code)
 
 
+def database_unavailable(message: str) -> HttpResponse:
+    """503 ``database_unavailable``: the database failed, or could not be reached, while the request ran, so
+    nothing of it may be taken as done; ``Retry-After`` asks for the retry. The one answer for this, given by
+    the Idempotency-Key middleware (core/idempotency.py) and the agent's heartbeat."""
+    response = error_response(error_body("database_unavailable", message), 503)
+    response["Retry-After"] = "1"
+    return response
+
+
 def too_large_body(limit: int, setting: str = "API_MAX_REQUEST_BYTES") -> dict[str, Any]:
     return error_body(
         "request_too_large",

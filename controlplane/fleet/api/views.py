@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pydantic
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
@@ -18,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.core.api.errors import error_body
+from controlplane.core.api.errors import database_unavailable, error_body
 from controlplane.core.errors import ValidationFailed
 from controlplane.fleet import services
 from controlplane.fleet.api.serializers import (
@@ -35,6 +37,8 @@ from controlplane.fleet.authentication import (
 from controlplane.fleet.models import JoinToken
 from controlplane.inventory.api.permissions import IsOperator
 from nodeagent import schema
+
+log = logging.getLogger(__name__)
 
 
 def _refused(exc: pydantic.ValidationError) -> ValidationFailed:
@@ -115,6 +119,7 @@ class AgentHeartbeatView(APIView):
             401: OpenApiResponse(description="Missing, invalid or revoked node credential"),
             403: OpenApiResponse(description="Heartbeat for another node"),
             413: OpenApiResponse(description="Larger than FLEET_HEARTBEAT_MAX_BYTES"),
+            503: OpenApiResponse(description="The database is unavailable (database_unavailable); send it again"),
         },
     )
     def post(self, request: Request) -> Response | HttpResponse:
@@ -141,6 +146,12 @@ class AgentHeartbeatView(APIView):
             reply = services.heartbeat_ingest_with_credential(credential=credential.plaintext, heartbeat=heartbeat)
         except CredentialRefused as exc:
             raise exceptions.AuthenticationFailed(exc.message) from None
+        except (OperationalError, InterfaceError) as exc:
+            # The database is restarting, failing over or out of reach (what a lost or refused connection
+            # raises): nothing of the heartbeat was kept, and the agent sends its reports again. A retry, not
+            # a server error.
+            log.warning("heartbeat not taken, the database is unavailable: %s", exc)
+            return database_unavailable("The database is unavailable; this heartbeat was not taken. Send it again.")
         return HttpResponse(reply.model_dump_json(), content_type="application/json")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -97,9 +98,19 @@ class GpuModelSerializer(serializers.ModelSerializer):
         ]
 
 
+class PresentMigDeviceList(serializers.ListSerializer):
+    """A GPU's MIG devices as it has them now: a gone device stays only in the history (allocations name it).
+    Filtered from the prefetched rows, so a list of GPUs costs no query per GPU."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        devices = data.all() if hasattr(data, "all") else data
+        return super().to_representation([d for d in devices if d.present])
+
+
 class GpuMigDeviceSerializer(serializers.ModelSerializer):
     class Meta:
         model = MigDevice
+        list_serializer_class = PresentMigDeviceList
         fields = [
             "uuid",
             "profile",
