@@ -288,8 +288,13 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
+# A local shelve of when each entry last ran: one per beat, never on storage shared by two beats (each control-plane
+# host runs its own beat, and compose.yaml's beats keep it in their own containers).
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-# Periodic reconcilers. Each handles one item at a time and returns whether it found work.
+# Periodic reconcilers. Each handles one item at a time and returns whether it found work. Every host runs a beat,
+# so each entry is sent once per beat: each task is idempotent or takes its leader lease (controlplane/core/
+# leader.py); docs/operations.md, "Periodic work with two beats", says which and why, entry by entry (its test,
+# tests/core/test_leader_schedule.py, fails on an entry added here and not there).
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "fleet-detect-lost-servers": {
         "task": "controlplane.fleet.tasks.detect_lost_servers",

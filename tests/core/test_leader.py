@@ -4,7 +4,7 @@ freed with its holder's connection; and granted always on SQLite, one host's dat
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -121,8 +121,16 @@ def test_the_node_loss_detector_and_the_scheduler_pass_are_behind_their_leases(m
     from controlplane.scheduling import tasks as scheduling_tasks
 
     calls: list[str] = []
-    monkeypatch.setattr(fleet_services, "detect_lost_servers", lambda: calls.append("detect") or 1)
-    monkeypatch.setattr(scheduling_services, "schedule_pass", lambda: calls.append("schedule") or 1)
+
+    def recorder(what: str) -> Callable[[], int]:
+        def service() -> int:
+            calls.append(what)
+            return 1
+
+        return service
+
+    monkeypatch.setattr(fleet_services, "detect_lost_servers", recorder("detect"))
+    monkeypatch.setattr(scheduling_services, "schedule_pass", recorder("schedule"))
     for task, name, what in (
         (fleet_tasks.detect_lost_servers, "controlplane.fleet.tasks.detect_lost_servers", "detect"),
         (scheduling_tasks.schedule_pass, "controlplane.scheduling.tasks.schedule_pass", "schedule"),
