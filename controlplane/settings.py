@@ -130,7 +130,11 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
     _db.setdefault("OPTIONS", {})
     # No JIT: it pays off for long analytic queries, while the booking's reads are short but can be estimated
     # dear on a large fleet, where compiling them took 1.8 s of a 2.2 s candidate read at 10,000 servers.
-    _db["OPTIONS"].setdefault("options", "-c jit=off")
+    # A backend whose client died (a control-plane host lost, SIGKILL) while its query waits on a lock notices it
+    # only when it next writes to the socket; meanwhile it keeps every lock its transaction took, and the other
+    # hosts' bookings and heartbeats queue behind them. PostgreSQL (14+) checks the socket every 2 s while a
+    # query runs and ends such a backend, releasing its locks.
+    _db["OPTIONS"].setdefault("options", "-c jit=off -c client_connection_check_interval=2000")
     # Parameters bound on the server, and a statement prepared once it ran 5 times on a connection: PostgreSQL
     # then runs it from its plan instead of parsing and planning it again, a third of the database's CPU
     # for a booking. Django turns both off by default for transaction-mode connection poolers (pgbouncer

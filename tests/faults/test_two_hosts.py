@@ -345,3 +345,62 @@ def test_one_host_lost_under_load_loses_and_duplicates_nothing(two_hosts, docker
         f"\ntwo hosts: {summary}; {len(launches)} launches, {sum(starts.values())} container starts, "
         f"{opened_after_kill} windows opened after the kill, {len(expected)} webhooks, each received once"
     )
+
+
+# A host's process that holds locks in a transaction and waits on another lock when it is SIGKILLed.
+_HOLD_AND_WAIT = """
+import sys, psycopg
+conn = psycopg.connect(sys.argv[1], options=sys.argv[2])
+conn.execute("BEGIN")
+conn.execute("SELECT pg_advisory_xact_lock(424242, 1)")
+print("holding", flush=True)
+conn.execute("SELECT pg_advisory_xact_lock(424242, 2)")  # waits: the test holds it
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_hosts_backend_waiting_on_a_lock_releases_what_it_held():
+    """The control plane's connections ask PostgreSQL to check a running query's client (settings.py):
+    without it, the backend of a SIGKILLed host's request that waits on a lock keeps every lock it took for as
+    long as that wait lasts, and the other host queues behind them (one run of the test above, before the
+    setting, saw the surviving host's bookings and heartbeats stall for about 35 s after the kill)."""
+    import subprocess
+    import sys
+
+    import psycopg
+    from django.conf import settings
+
+    options = settings.DATABASES["default"]["OPTIONS"]["options"]
+    assert "client_connection_check_interval" in options
+    with (
+        psycopg.connect(database_url(), autocommit=True) as blocker,
+        psycopg.connect(database_url(), autocommit=True) as other,
+    ):
+        blocker.execute("SELECT pg_advisory_lock(424242, 2)")
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_AND_WAIT, database_url(), options], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+            wait_for(
+                lambda: (
+                    blocker.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 424242 AND NOT granted"
+                    ).fetchone()
+                    == (1,)
+                ),
+                timeout=10,
+                what="the holder waiting on the second lock",
+            )
+            holder.kill()
+            holder.wait(timeout=10)
+            started = time.monotonic()
+            wait_for(
+                lambda: other.execute("SELECT pg_try_advisory_lock(424242, 1)").fetchone() == (True,),
+                timeout=10,
+                what="the dead client's lock released while the second lock is still held",
+            )
+            assert time.monotonic() - started < 5
+        finally:
+            if holder.poll() is None:
+                holder.kill()
