@@ -3,6 +3,7 @@ freed with its holder's connection; and granted always on SQLite, one host's dat
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,10 @@ def held_elsewhere(name: str) -> Iterator[psycopg.Connection[Any]]:
         row = other.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, lock_key(name)]).fetchone()
         assert row == (True,)
         yield other
+        # Unlocked here, not left to the close: a closing session's locks go when its backend exits, a moment
+        # after the client has moved on.
+        with contextlib.suppress(psycopg.OperationalError):  # terminated by the test: nothing left to unlock
+            other.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_CLASS, lock_key(name)])
 
 
 def holders(name: str) -> int:
