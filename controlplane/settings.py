@@ -130,7 +130,11 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
     _db.setdefault("OPTIONS", {})
     # No JIT: it pays off for long analytic queries, while the booking's reads are short but can be estimated
     # dear on a large fleet, where compiling them took 1.8 s of a 2.2 s candidate read at 10,000 servers.
-    _db["OPTIONS"].setdefault("options", "-c jit=off")
+    # A backend whose client died (a control-plane host lost, SIGKILL) while its query waits on a lock notices it
+    # only when it next writes to the socket; meanwhile it keeps every lock its transaction took, and the other
+    # hosts' bookings and heartbeats queue behind them. PostgreSQL (14+) checks the socket every 2 s while a
+    # query runs and ends such a backend, releasing its locks.
+    _db["OPTIONS"].setdefault("options", "-c jit=off -c client_connection_check_interval=2000")
     # Parameters bound on the server, and a statement prepared once it ran 5 times on a connection: PostgreSQL
     # then runs it from its plan instead of parsing and planning it again, a third of the database's CPU
     # for a booking. Django turns both off by default for transaction-mode connection poolers (pgbouncer
@@ -288,8 +292,13 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
+# A local shelve of when each entry last ran: one per beat, never on storage shared by two beats (each control-plane
+# host runs its own beat, and compose.yaml's beats keep it in their own containers).
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-# Periodic reconcilers. Each handles one item at a time and returns whether it found work.
+# Periodic reconcilers. Each handles one item at a time and returns whether it found work. Every host runs a beat,
+# so each entry is sent once per beat: each task is idempotent or takes its leader lease (controlplane/core/
+# leader.py); docs/operations.md, "Periodic work with two beats", says which and why, entry by entry (its test,
+# tests/core/test_leader_schedule.py, fails on an entry added here and not there).
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "fleet-detect-lost-servers": {
         "task": "controlplane.fleet.tasks.detect_lost_servers",

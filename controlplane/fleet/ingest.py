@@ -430,7 +430,11 @@ def _gpus_sql(where: str, credential: bool) -> str:
         )
     # PostgreSQL refuses FOR UPDATE on the nullable side of an outer join: only the server row is locked.
     # SQLite has no row locks; its IMMEDIATE transactions already serialise writers.
-    lock = " FOR UPDATE OF s" if connection.features.has_select_for_update_of else ""
+    # NO KEY UPDATE: it serialises this server's heartbeats as FOR UPDATE did, but not the FOR KEY SHARE that
+    # PostgreSQL takes on the server row for every insert referencing it (a launch, an allocation). With FOR
+    # UPDATE, a window opening (project lock, then a launch's key share on the server) and a heartbeat finishing
+    # a reservation (server lock, then the project lock) deadlocked under load, failing heartbeats for seconds.
+    lock = " FOR NO KEY UPDATE OF s" if connection.features.has_select_for_update_of else ""
     return f"SELECT {', '.join(columns)} FROM {joins} WHERE {where}{lock}"  # noqa: S608 - identifiers only
 
 
