@@ -9,6 +9,8 @@ view already documents that status itself:
 * 403 where a permission may refuse the caller, and on every write a session can make (CSRF);
 * 404 where the path names an object (it may not exist, or not be the caller's);
 * 409 on every authenticated write (the state does not allow it, or another writer won: retry);
+* 411 where there is a body: one sent chunked to a server that cannot read it (Django's development server;
+  gunicorn reads it, controlplane/core/api/middleware.py);
 * 413 where there is a body (API_MAX_REQUEST_BYTES);
 * 414 where there are path or query parameters (API_MAX_URL_BYTES);
 * 429 where the view is throttled;
@@ -48,6 +50,7 @@ ERROR_DESCRIPTIONS: dict[str, str] = {
     "403": "The caller may not do this (a role, an operator-only endpoint, or a failed CSRF check).",
     "404": "No such object among the caller's.",
     "409": "The current state does not allow this, or another writer won (retry).",
+    "411": "A body sent with Transfer-Encoding (chunked) that this server cannot read: send a Content-Length.",
     "413": "The request body is too large.",
     "414": "The path and query string are too long (API_MAX_URL_BYTES).",
     "429": "Too many requests; `error.retry_after_s` says when to retry.",
@@ -133,7 +136,7 @@ class AutoSchema(SpectacularAutoSchema):
         if method in UNSAFE_METHODS and not open_to_anyone:
             statuses.append("409")
         if has_body:
-            statuses.append("413")
+            statuses += ["411", "413"]
         if any(p.get("in") in ("query", "path") for p in parameters):
             statuses.append("414")
         if self.view.get_throttles():
