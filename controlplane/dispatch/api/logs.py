@@ -188,7 +188,10 @@ class ReservationLogsView(APIView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
-        # Errors (404, 400) are JSON even for an EventSource asking for text/event-stream.
+        # The API's one rule first (an unknown ?format= is a 400, controlplane/core/api/negotiation.py); then
+        # JSON whatever was asked: errors (404, 400) are JSON even for an EventSource asking for
+        # text/event-stream, and the stream itself is a StreamingHttpResponse, no renderer's.
+        super().perform_content_negotiation(request, force)
         return JSONRenderer(), JSONRenderer.media_type
 
     def get(self, request: Request, id: str) -> Response | StreamingHttpResponse:
