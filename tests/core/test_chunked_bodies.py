@@ -59,7 +59,8 @@ def _chunked_environ(body: bytes, *, terminated: bool) -> dict[str, Any]:
 @pytest.fixture
 def operator(db: Any) -> APIClient:
     client = APIClient()
-    client.force_authenticate(OperatorFactory())
+    operator: Any = OperatorFactory()
+    client.force_authenticate(operator)
     return client
 
 
@@ -67,7 +68,7 @@ def operator(db: Any) -> APIClient:
 def test_a_chunked_body_the_server_de_chunked_is_read(operator: APIClient) -> None:
     body = json.dumps({"name": "chunked-site", "pue": "1.30"}).encode()
     response = operator.generic(
-        "POST", SITES, body, content_type="application/json", **_chunked_environ(body, terminated=True)
+        "POST", SITES, body.decode(), content_type="application/json", **_chunked_environ(body, terminated=True)
     )
     assert response.status_code == 201, response.content
     assert str(Site.objects.get(name="chunked-site").pue) == "1.30"
@@ -77,7 +78,7 @@ def test_a_chunked_body_the_server_de_chunked_is_read(operator: APIClient) -> No
 def test_a_chunked_body_still_chunked_is_a_411_naming_content_length(operator: APIClient) -> None:
     body = json.dumps({"name": "never"}).encode()
     response = operator.generic(
-        "POST", SITES, body, content_type="application/json", **_chunked_environ(body, terminated=False)
+        "POST", SITES, body.decode(), content_type="application/json", **_chunked_environ(body, terminated=False)
     )
     refused = error(response, 411)
     assert refused["code"] == "length_required"
@@ -90,7 +91,7 @@ def test_a_chunked_body_past_the_limit_is_a_413(operator: APIClient, settings: A
     settings.API_MAX_REQUEST_BYTES = 1024
     body = json.dumps({"name": "big", "location": "x" * 2000}).encode()
     response = operator.generic(
-        "POST", SITES, body, content_type="application/json", **_chunked_environ(body, terminated=True)
+        "POST", SITES, body.decode(), content_type="application/json", **_chunked_environ(body, terminated=True)
     )
     assert error(response, 413)["limit_bytes"] == 1024
     assert not Site.objects.exists()

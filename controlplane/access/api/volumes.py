@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.validators import RegexValidator
@@ -111,7 +112,7 @@ class DatasetWriteSerializer(serializers.Serializer):
 # The service's rule (volumes.project_network_set: network_validator's characters, not a reserved name) as one
 # pattern the API schema states, anchored at the very end (network_validator's $ also admits a final newline)
 # and read as sent, untrimmed.
-_NETWORK_CHARS = network_validator.regex.pattern.removeprefix("^").removesuffix("$")
+_NETWORK_CHARS = re.compile(network_validator.regex).pattern.removeprefix("^").removesuffix("$")
 egress_network_validator = RegexValidator(
     rf"\A(?!(?:{'|'.join(sorted(RESERVED_NETWORKS))})\Z){_NETWORK_CHARS}\Z",
     f"{network_validator.message} Not {' or '.join(sorted(RESERVED_NETWORKS))}: name the Docker network made for it.",

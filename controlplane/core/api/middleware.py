@@ -122,7 +122,7 @@ def _read_chunked(request: HttpRequest) -> HttpResponse | None:
     # As WSGIRequest would have set it up had the length been declared: what follows (the idempotency key's
     # hash, DRF's parsers, the heartbeat's own limit) reads an ordinary body.
     request.META["CONTENT_LENGTH"] = str(len(body))
-    request._stream = LimitedStream(io.BytesIO(body), len(body))  # type: ignore[attr-defined]
+    request._stream = LimitedStream(io.BytesIO(body), len(body))  # type: ignore[assignment]
     return None
 
 
