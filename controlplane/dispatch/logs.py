@@ -40,7 +40,10 @@ EOF_WAIT = timedelta(seconds=30)
 # The most bytes of one launch one read hands out; the rest comes on the next read.
 READ_BYTES = 256 * 1024
 
-_CURSOR_PART = re.compile(r"^(\d{1,18})-(\d{1,18})$")
+# ASCII digits only and no trailing newline (Python's \d and $ admit both): the API schema states this pattern
+# for ``after`` and Last-Event-ID (CURSOR_PATTERN), so what it admits is exactly what parses.
+_CURSOR_PART = re.compile(r"([0-9]{1,18})-([0-9]{1,18})")
+CURSOR_PATTERN = r"^(?:[0-9]{1,18}-[0-9]{1,18}(?:\.[0-9]{1,18}-[0-9]{1,18})*)?$"
 
 
 # -- ingest --------------------------------------------------------------------------------------------------
@@ -156,13 +159,12 @@ def logs_ingest(*, server: Server, batch: schema.LogBatch, now: datetime) -> dic
 
 
 def parse_cursor(value: str, *, name: str) -> dict[int, int]:
-    """``<launch pk>-<offset>`` parts joined by ``.``; a 400 naming ``name`` otherwise."""
-    value = value.strip()
+    """``<launch pk>-<offset>`` parts joined by ``.`` (CURSOR_PATTERN), or empty; a 400 naming ``name`` otherwise."""
     if not value:
         return {}
     cursor: dict[int, int] = {}
     for part in value.split("."):
-        match = _CURSOR_PART.match(part)
+        match = _CURSOR_PART.fullmatch(part)
         if match is None:
             message = "Not a log cursor (as an event's id or a log answer's cursor gives it)."
             raise ValidationFailed(f"{name}: {message}", fields={name: [message]})

@@ -70,3 +70,48 @@ def test_json_without_content_type_is_still_held_to_the_json_rules(client):
     response = client.generic("POST", "/api/v1/reservations/", '{"name": "a\\u0000b"}', content_type="")
     assert response.status_code == 400
     assert response.json()["error"]["fields"] == {"name": ["Null characters are not allowed."]}
+
+
+def _a_path_that_resolves(template: str) -> str:
+    """The schema's path with each parameter given a value its converter takes (a number, a UUID, a slug)."""
+    import itertools
+    import re
+
+    from django.urls import Resolver404, resolve
+
+    names = re.findall(r"\{(\w+)\}", template)
+    for values in itertools.product(["1", "00000000-0000-0000-0000-000000000001", "x"], repeat=len(names)):
+        path = template
+        for name, value in zip(names, values, strict=True):
+            path = path.replace("{" + name + "}", value)
+        try:
+            resolve(path)
+        except Resolver404:
+            continue
+        return path
+    raise AssertionError(f"no value resolves {template}")
+
+
+def test_an_unknown_format_is_a_400_naming_it_on_every_endpoint():
+    """One rule, the content negotiation's (controlplane/core/api/negotiation.py), before anything else the view
+    does: no endpoint answers ?format=xml with its data (the logs answered 200), a 404 or a page in another
+    format (the schema answered in YAML)."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    from tests.factories import OperatorFactory
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    operator = APIClient()
+    operator.force_authenticate(OperatorFactory())
+    checked = []
+    for template, operations in [*schema["paths"].items(), ("/api/v1/schema/", {"get": {}})]:
+        path = _a_path_that_resolves(template)
+        for method in operations:
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            response = operator.generic(method.upper(), f"{path}?format=xml", "{}", content_type="application/json")
+            assert response.status_code == 400, (method, template, response.content[:300])
+            assert response["Content-Type"].startswith("application/json"), (method, template)
+            assert "format" in response.json()["error"]["fields"], (method, template)
+            checked.append((method, template))
+    assert ("get", "/api/v1/reservations/{id}/logs/") in checked and len(checked) > 100

@@ -213,3 +213,139 @@ def test_slice_specs_are_documented_where_they_are_read(schema):
     assert {"mig_profile"} <= set(components["EarliestAnswer"]["properties"])
     assert {"mig_profile", "slices"} <= set(components["BookingSpecRequest"]["properties"])
     assert not {"mig_profile", "slices"} & set(components["SpecRequest"]["properties"])
+
+
+# --- issue 22: rules the server enforced that the schema did not state --------------------------------------
+# Each value is sent for real; the schema admits it (its pattern, read as ECMA reads it) exactly when the
+# server accepts it, so schemathesis needs no excuse for them.
+
+
+def _admits(prop: dict, value: str) -> bool:
+    import re
+
+    # ECMA's $ (no multiline flag) is the end of the text; Python's also matches before a final newline. None
+    # of these patterns has a $ inside a character class.
+    return re.search(prop["pattern"].replace("$", r"\Z"), value) is not None
+
+
+def _request_property(schema: dict, component: str, name: str) -> dict:
+    prop = schema["components"]["schemas"][component]["properties"][name]
+    return {**prop, "type": prop["type"]}
+
+
+@pytest.mark.parametrize("pue", ["1", "1.00", "05.5", "4.99", "5", "5.00", "0", "0.99", ".5", "5.01", "6", "1.001"])
+def test_a_sites_pue_bound_in_the_schema_is_the_servers(operator, schema, pue):
+    prop = _request_property(schema, "SiteRequest", "pue")
+    response = operator.post("/api/v1/sites/", {"name": f"site-{pue}", "pue": pue}, format="json")
+    assert response.status_code in (201, 400), response.content
+    assert _admits(prop, pue) == (response.status_code == 201), (pue, prop["pattern"], response.content)
+
+
+@pytest.mark.parametrize("name", ["net", "a.b-c_d", "hosts", "Egress1", "host", "none", " net", "net\n", "-net", "a b"])
+def test_an_egress_network_name_pattern_in_the_schema_is_the_servers(operator, schema, name):
+    project = ProjectFactory()
+    prop = _request_property(schema, "ProjectNetworkRequest", "network_name")
+    response = operator.put(f"/api/v1/projects/{project.slug}/egress/", {"network_name": name}, format="json")
+    assert response.status_code in (200, 400), response.content
+    assert _admits(prop, name) == (response.status_code == 200), (name, response.content)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/hook",
+        "HTTPS://127.0.0.1:8443/a?b=c#d",
+        "http://localhost",
+        "ftp://127.0.0.1/",
+        " http://127.0.0.1/",
+        "http://127.0.0.1/a b",
+        "http://user:pw@127.0.0.1/",
+        "http:/127.0.0.1/",
+        "127.0.0.1/hook",
+    ],
+)
+def test_a_webhook_url_scheme_in_the_schema_is_the_servers(schema, settings, url):
+    # Private addresses allowed, so that only the URL's shape decides (whether a host resolves, and to a public
+    # address, is checked after: a rule no schema can state).
+    settings.NOTIFICATIONS_WEBHOOK_ALLOW_PRIVATE = True
+    project = ProjectFactory()
+    client = APIClient()
+    client.force_authenticate(member_of(project, role="owner"))
+    prop = _request_property(schema, "WebhookEndpointCreateRequest", "url")
+    body = {"url": url, "events": ["reservation.booked"]}
+    response = client.post(f"/api/v1/projects/{project.pk}/webhooks/", body, format="json")
+    assert response.status_code in (201, 400), response.content
+    assert _admits(prop, url) == (response.status_code == 201), (url, response.content)
+
+
+@pytest.fixture
+def booked():
+    from datetime import timedelta
+
+    from controlplane.reservations import services
+    from tests.reservations.fleet import CONTAINER, gpu_model, project, server, spec, window
+
+    model = gpu_model()
+    server(model, gpus=2)
+    owner = UserFactory()
+    proj = project(owner=owner, grant="1000")
+    reservation = services.reservation_create(
+        project=proj, name="job", spec=spec(model, count=1), window=window(start_in=timedelta(hours=1), hours=2),
+        container=CONTAINER, actor=owner,
+    )  # fmt: skip
+    client = APIClient()
+    client.force_authenticate(owner)
+    return client, reservation
+
+
+def _parameter(schema: dict, path: str, name: str) -> dict:
+    return next(p for p in schema["paths"][path]["get"]["parameters"] if p["name"] == name)
+
+
+@pytest.mark.parametrize("after", ["", "1-0", "12-345.7-0", " 1-0", "1-0\n", "\u0661-0", "1-", "x", "1-0.", "1-0,2-0"])
+def test_a_log_cursor_in_the_schema_is_the_servers_with_or_without_follow(schema, booked, after):
+    """The cursor is read whenever given: a malformed one with follow=0 was ignored, a schema-violating request
+    answered 200; and Python's \\d and $ took an Arabic-Indic digit and a final newline that the schema's did not."""
+    client, reservation = booked
+    parameter = _parameter(schema, "/api/v1/reservations/{id}/logs/", "after")
+    response = client.get(f"/api/v1/reservations/{reservation.public_id}/logs/", {"after": after})
+    assert response.status_code in (200, 400), response.content
+    assert _admits(parameter["schema"], after) == (response.status_code == 200), (after, response.content)
+    if response.status_code == 400:
+        assert "after" in response.json()["error"]["fields"]
+    header = client.get(f"/api/v1/reservations/{reservation.public_id}/logs/", HTTP_LAST_EVENT_ID="1-0\n")
+    assert "Last-Event-ID" in error(header, 400)["fields"]
+
+
+@pytest.mark.parametrize(
+    ("ends_at", "accepted"),
+    [
+        ("2030-01-01T00:00:00Z", True),
+        ("2030-01-01T00:00:00.5+05:30", True),
+        ("", False),
+        ("2030-01-01T00:00:00", False),  # no zone: not an RFC 3339 date-time either
+        ("0001-01-01T00:00:00+05:00", False),  # before year 1 in UTC
+        ("9999-12-31T23:59:59-05:00", False),  # after year 9999 in UTC
+        ("0001-01-01T12:00:00Z", False),  # the whole edge day, as the schema's pattern says
+    ],
+)
+def test_an_extend_quotes_ends_at_is_a_date_time_the_schema_states(schema, booked, ends_at, accepted):
+    client, reservation = booked
+    parameter = _parameter(schema, "/api/v1/reservations/{id}/extend-quote/", "ends_at")
+    assert parameter["required"] and parameter["schema"]["format"] == "date-time"
+    assert _admits(parameter["schema"], ends_at) or not accepted
+    response = client.get(f"/api/v1/reservations/{reservation.public_id}/extend-quote/", {"ends_at": ends_at})
+    if accepted:
+        assert response.status_code == 200, response.content
+    else:
+        assert "ends_at" in error(response, 400)["fields"]
+
+
+def test_a_member_caps_user_who_is_not_a_member_is_a_404_as_documented(schema):
+    project = ProjectFactory()
+    client = APIClient()
+    client.force_authenticate(member_of(project, role="owner"))
+    assert "404" in schema["paths"]["/api/v1/ledger/member-caps/"]["post"]["responses"]
+    for name in ("no-such-user", UserFactory().username):
+        body = {"project": project.slug, "user": name, "gpu_hours_per_period": "5"}
+        assert "user" in error(client.post("/api/v1/ledger/member-caps/", body, format="json"), 404)["fields"]

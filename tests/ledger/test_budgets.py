@@ -15,7 +15,7 @@ from controlplane.accounts.choices import Role
 from controlplane.accounts.models import Membership
 from controlplane.core.errors import QuotaExceeded
 from controlplane.ledger import budgets
-from controlplane.ledger.models import BudgetAlert, LedgerEntry
+from controlplane.ledger.models import BudgetAlert, LedgerEntry, MemberCap
 from controlplane.ledger.services import ledger_settle, lock_project, member_cap_set, quota_policy_set
 from controlplane.reservations import services
 from controlplane.reservations.models import Reservation
@@ -301,8 +301,12 @@ def test_member_cap_input_names_the_field(api_client, team):
     slug = team["project"].slug
     bad_hours = api_client.post(url, {"project": slug, "user": team["member"].username, "gpu_hours_per_period": "-1"})
     assert bad_hours.status_code == 400 and "gpu_hours_per_period" in bad_hours.json()["error"]["fields"]
-    nobody = api_client.post(url, {"project": slug, "user": "nobody-at-all", "gpu_hours_per_period": "1"})
-    assert nobody.status_code == 400 and "user" in nobody.json()["error"]["fields"]
+    # Someone who is not a member (no such user at all, or another project's) is absent from where the cap would
+    # be: a 404 naming the field, as the schema says (issue 22: a schema-valid body is never a 400 for it).
+    for name in ("nobody-at-all", UserFactory().username):
+        nobody = api_client.post(url, {"project": slug, "user": name, "gpu_hours_per_period": "1"})
+        assert nobody.status_code == 404 and "user" in nobody.json()["error"]["fields"]
+    assert not MemberCap.objects.exists()
     removed = api_client.post(
         url, {"project": slug, "user": team["member"].username, "gpu_hours_per_period": None}, format="json"
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from django.core.validators import RegexValidator
 from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
@@ -13,7 +15,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access import datasets, volumes
-from controlplane.access.models import NAME_MAX, SIZE_LIMIT_MAX_GIB, Dataset, ProjectNetwork, Volume
+from controlplane.access.models import (
+    NAME_MAX,
+    RESERVED_NETWORKS,
+    SIZE_LIMIT_MAX_GIB,
+    Dataset,
+    ProjectNetwork,
+    Volume,
+    network_validator,
+)
 from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
@@ -99,11 +109,26 @@ class DatasetWriteSerializer(serializers.Serializer):
     allowed_projects = SlugRelatedField(slug_field="slug", queryset=Project.objects.all(), many=True, required=False)
 
 
+# The service's rule (volumes.project_network_set: network_validator's characters, not a reserved name) as one
+# pattern the API schema states, anchored at the very end (network_validator's $ also admits a final newline)
+# and read as sent, untrimmed.
+_NETWORK_CHARS = re.compile(network_validator.regex).pattern.removeprefix("^").removesuffix("$")
+egress_network_validator = RegexValidator(
+    rf"\A(?!(?:{'|'.join(sorted(RESERVED_NETWORKS))})\Z){_NETWORK_CHARS}\Z",
+    f"{network_validator.message} Not {' or '.join(sorted(RESERVED_NETWORKS))}: name the Docker network made for it.",
+    code="invalid",
+)
+
+
 class ProjectNetworkSerializer(serializers.Serializer):
     project = serializers.CharField(read_only=True)
     allowed = serializers.BooleanField(read_only=True, help_text='Whether the project may book network "egress".')
     network_name = serializers.CharField(
-        max_length=128, allow_null=True, help_text="The Docker network its egress containers join; null: none."
+        max_length=128,
+        allow_null=True,
+        trim_whitespace=False,
+        validators=[egress_network_validator],
+        help_text="The Docker network its egress containers join; null: none.",
     )
 
 

@@ -9,6 +9,8 @@ view already documents that status itself:
 * 403 where a permission may refuse the caller, and on every write a session can make (CSRF);
 * 404 where the path names an object (it may not exist, or not be the caller's);
 * 409 on every authenticated write (the state does not allow it, or another writer won: retry);
+* 411 where there is a body: one sent chunked to a server that cannot read it (Django's development server;
+  gunicorn reads it, controlplane/core/api/middleware.py);
 * 413 where there is a body (API_MAX_REQUEST_BYTES);
 * 414 where there are path or query parameters (API_MAX_URL_BYTES);
 * 429 where the view is throttled;
@@ -48,6 +50,7 @@ ERROR_DESCRIPTIONS: dict[str, str] = {
     "403": "The caller may not do this (a role, an operator-only endpoint, or a failed CSRF check).",
     "404": "No such object among the caller's.",
     "409": "The current state does not allow this, or another writer won (retry).",
+    "411": "A body sent with Transfer-Encoding (chunked) that this server cannot read: send a Content-Length.",
     "413": "The request body is too large.",
     "414": "The path and query string are too long (API_MAX_URL_BYTES).",
     "429": "Too many requests; `error.retry_after_s` says when to retry.",
@@ -133,7 +136,7 @@ class AutoSchema(SpectacularAutoSchema):
         if method in UNSAFE_METHODS and not open_to_anyone:
             statuses.append("409")
         if has_body:
-            statuses.append("413")
+            statuses += ["411", "413"]
         if any(p.get("in") in ("query", "path") for p in parameters):
             statuses.append("414")
         if self.view.get_throttles():
@@ -154,16 +157,70 @@ def _answers_401(authenticator: Any) -> bool:
 
 def decimal_pattern(field: serializers.DecimalField) -> str:
     """What the field parses: drf-spectacular's ^-?\\d{0,N}(?:\\.\\d{0,M})?$ admits "", "-" and "." (no digit at
-    all) and a sign where the field's minimum forbids one."""
-    sign = "" if field.min_value is not None and field.min_value >= 0 else "-?"
+    all) and a sign where the field's minimum forbids one; and, where both bounds are whole numbers of no sign
+    (a site's PUE, 1 to 5), the bounds themselves."""
     whole = max(int(field.max_whole_digits or 0), 1)
     places = int(field.decimal_places or 0)
+    bounded = _bounded_decimal_pattern(field.min_value, field.max_value, places)
+    if bounded is not None:
+        return bounded
+    sign = "" if field.min_value is not None and field.min_value >= 0 else "-?"
     # A minimum of one step above zero (0.0001 with 4 places): any value but zero, so some digit is not 0.
     step = Decimal(1).scaleb(-places)
     nonzero = "(?=.*[1-9])" if field.min_value is not None and 0 < field.min_value <= step else ""
     if places == 0:
         return rf"^{nonzero}{sign}\d{{1,{whole}}}$"
     return rf"^{nonzero}{sign}(?:\d{{1,{whole}}}(?:\.\d{{0,{places}}})?|\.\d{{1,{places}}})$"
+
+
+def _bounded_decimal_pattern(low: Any, high: Any, places: int) -> str | None:
+    """A pattern admitting exactly the decimals from ``low`` to ``high`` with at most ``places`` places, when both
+    are whole and not negative; None otherwise. Leading zeros are admitted, as the field reads "01.5" as 1.5."""
+    if low is None or high is None:
+        return None
+    low, high = Decimal(low), Decimal(high)
+    if low < 0 or low >= high or low != low.to_integral_value() or high != high.to_integral_value():
+        return None
+    below = "|".join(_integer_range(int(low), int(high) - 1))
+    fraction, zeros = (rf"(?:\.\d{{0,{places}}})?", rf"(?:\.0{{0,{places}}})?") if places else ("", "")
+    alternatives = [f"(?:{below}){fraction}", f"{int(high)}{zeros}"]
+    if low == 0 and places:
+        alternatives.append(rf"\.\d{{1,{places}}}")
+    return f"^0*(?:{'|'.join(alternatives)})$"
+
+
+def _integer_range(low: int, high: int) -> list[str]:
+    """Alternatives matching the integers from ``low`` to ``high``, written without leading zeros."""
+    out: list[str] = []
+    for digits in range(len(str(low)), len(str(high)) + 1):
+        start = max(low, 10 ** (digits - 1) if digits > 1 else 0)
+        end = min(high, 10**digits - 1)
+        if start <= end:
+            out += _same_width_range(str(start), str(end))
+    return out
+
+
+def _same_width_range(low: str, high: str) -> list[str]:
+    width = len(low)
+    if low == high:
+        return [low]
+    if width == 1:
+        return [f"[{low}-{high}]"]
+    if low[0] == high[0]:
+        return [low[0] + rest for rest in _same_width_range(low[1:], high[1:])]
+    out: list[str] = []
+    first, last = int(low[0]), int(high[0])
+    if low[1:] != "0" * (width - 1):
+        out += [low[0] + rest for rest in _same_width_range(low[1:], "9" * (width - 1))]
+        first += 1
+    if high[1:] != "9" * (width - 1):
+        last -= 1
+    if first <= last:
+        digit = str(first) if first == last else f"[{first}-{last}]"
+        out.append(digit + rf"\d{{{width - 1}}}")
+    if high[1:] != "9" * (width - 1):
+        out += [high[0] + rest for rest in _same_width_range("0" * (width - 1), high[1:])]
+    return out
 
 
 def _mend(node: Any) -> None:

@@ -171,10 +171,18 @@ def follow_events(reservation_pk: int, cursor: dict[int, int]) -> Iterator[bytes
     parameters=[
         OpenApiParameter("follow", OpenApiTypes.BOOL, description="1: stream Server-Sent Events instead of JSON."),
         OpenApiParameter(
-            "after", str, description="A cursor (an event's id, or `cursor` of the JSON answer): follow from there."
+            "after",
+            str,
+            pattern=logs.CURSOR_PATTERN,
+            description="A cursor (an event's id, or `cursor` of the JSON answer): follow from there. Checked "
+            "whenever given, also without `follow`.",
         ),
         OpenApiParameter(
-            "Last-Event-ID", str, OpenApiParameter.HEADER, description="As `after`; EventSource sends it itself."
+            "Last-Event-ID",
+            str,
+            OpenApiParameter.HEADER,
+            pattern=logs.CURSOR_PATTERN,
+            description="As `after`; EventSource sends it itself.",
         ),
     ],
     responses={
@@ -188,18 +196,22 @@ class ReservationLogsView(APIView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
-        # Errors (404, 400) are JSON even for an EventSource asking for text/event-stream.
+        # The API's one rule first (an unknown ?format= is a 400, controlplane/core/api/negotiation.py); then
+        # JSON whatever was asked: errors (404, 400) are JSON even for an EventSource asking for
+        # text/event-stream, and the stream itself is a StreamingHttpResponse, no renderer's.
+        super().perform_content_negotiation(request, force)
         return JSONRenderer(), JSONRenderer.media_type
 
     def get(self, request: Request, id: str) -> Response | StreamingHttpResponse:
         reservation = get_object_or_404(reservations_visible_to(request.user), public_id=id)
-        if not _flag(request, "follow"):
-            return Response(_snapshot_body(reservation))
+        follow = _flag(request, "follow")
+        # Both read, whichever is used: a malformed cursor is a 400 with or without follow, as the schema says.
         header = request.headers.get("Last-Event-ID")
-        if header is not None:
-            cursor = logs.parse_cursor(header, name="Last-Event-ID")
-        else:
-            cursor = logs.parse_cursor(str(request.query_params.get("after", "")), name="after")
+        given = logs.parse_cursor(header, name="Last-Event-ID") if header is not None else None
+        after = logs.parse_cursor(str(request.query_params.get("after", "")), name="after")
+        if not follow:
+            return Response(_snapshot_body(reservation))
+        cursor = given if given is not None else after
         response = StreamingHttpResponse(follow_events(reservation.pk, cursor), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # a reverse proxy must pass each event on, not buffer the stream

@@ -106,7 +106,9 @@ class MemberCapSerializer(serializers.ModelSerializer):
 
 class MemberCapSetSerializer(serializers.Serializer):
     project = SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
-    user = serializers.CharField(max_length=150, help_text="The member's username.")
+    user = serializers.CharField(
+        max_length=150, help_text="The member's username; someone not a member of the project is a 404."
+    )
     gpu_hours_per_period = serializers.DecimalField(
         max_digits=12,
         decimal_places=2,

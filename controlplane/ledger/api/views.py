@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import can_manage, projects_visible_to
-from controlplane.core.errors import NotFound, PermissionDenied, ValidationFailed
+from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.ledger import budgets, services
 from controlplane.ledger.api.serializers import (
     AdjustSerializer,
@@ -188,7 +188,8 @@ class MemberCapViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = MemberCapSerializer
     filterset_class = MemberCapFilter
     queryset = MemberCap.objects.none()
-    # A body naming a project not the caller's (404) or one the caller only belongs to (403).
+    # A body naming a project not the caller's or a user who is not its member (404), or a project the caller
+    # only belongs to (403).
     schema_error_statuses = {"POST": ("403", "404")}
 
     def get_queryset(self) -> QuerySet[MemberCap]:
@@ -219,9 +220,13 @@ class MemberCapViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         s.fields["project"].queryset = projects_visible_to(request.user)  # type: ignore[attr-defined]
         s.is_valid(raise_exception=True)
         project = s.validated_data["project"]
-        user = get_user_model().objects.filter(username=s.validated_data["user"]).first()
+        name = s.validated_data["user"]
+        # A cap is on one of the project's members: anyone else is absent from where the cap would be, a 404
+        # naming the field as for the project itself (a 400 would refuse a request the schema admits).
+        user = get_user_model().objects.filter(username=name, memberships__project=project).first()
         if user is None:
-            raise ValidationFailed("user: no such user.", fields={"user": ["No such user."]})
+            message = f"{name} is not a member of {project.slug}."
+            raise NotFound(f"user: {message}", fields={"user": [message]})
         hours = s.validated_data["gpu_hours_per_period"]
         cap = services.member_cap_set(project=project, user=user, gpu_hours_per_period=hours, actor=request.user)
         if cap is None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -113,14 +114,29 @@ class WebhookEndpointSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+# The shape of a URL the control plane calls (controlplane/notifications/urlcheck.py: http or https, a host, no
+# credentials), as a pattern the API schema states; no blank or control character anywhere, since the URL
+# parser would drop them unseen. Whether its host resolves to a public address is checked after, at save and
+# at every delivery.
+webhook_url_validator = RegexValidator(
+    r"\A[Hh][Tt][Tt][Pp][Ss]?://[^/?#@\x00-\x20\x7f]+(?:[/?#][^\x00-\x20\x7f]*)?\Z",
+    "An http or https URL with a host, no credentials and no blanks: https://hooks.example.com/path.",
+    code="invalid_url",
+)
+
+
+def _webhook_url(**kwargs: Any) -> serializers.CharField:
+    return serializers.CharField(max_length=2000, trim_whitespace=False, validators=[webhook_url_validator], **kwargs)
+
+
 class WebhookEndpointCreateSerializer(serializers.Serializer):
-    url = serializers.CharField(max_length=2000)
+    url = _webhook_url()
     events = serializers.ListField(child=serializers.ChoiceField(choices=WEBHOOK_EVENTS), min_length=1, max_length=50)
     description = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
 
 class WebhookEndpointUpdateSerializer(serializers.Serializer):
-    url = serializers.CharField(max_length=2000, required=False)
+    url = _webhook_url(required=False)
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=WEBHOOK_EVENTS), min_length=1, max_length=50, required=False
     )

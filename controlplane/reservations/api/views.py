@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from controlplane.accounts.choices import BOOKING_ROLES
 from controlplane.accounts.selectors import can_book, is_operator, projects_visible_to
+from controlplane.core.api.fields import DATE_TIME_SCHEMA
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.inventory.selectors import mig_weight_overrides
 from controlplane.reservations import services
@@ -161,7 +162,10 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "ends_at", type=str, required=True, description="The new end to price (ISO 8601 with a zone)."
+                "ends_at",
+                type=DATE_TIME_SCHEMA,
+                required=True,
+                description="The new end to price (ISO 8601 with a zone).",
             )
         ],
         responses={200: ExtendQuoteSerializer},
