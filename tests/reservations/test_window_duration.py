@@ -100,7 +100,8 @@ def test_a_duration_from_a_given_start(owner_token):
         ({"start": "now", "duration": True}, "window.duration", "Not a duration"),
         ({"start": "now", "duration": "P1M"}, "window.duration", "Not a duration"),
         ({"start": "now", "duration": 10**12}, "window.duration", "less than or equal"),
-        ({"start": "9999-12-31T23:00:00Z", "duration": "2h"}, "window.duration", "year 9999"),
+        ({"start": "9999-12-30T23:00:00Z", "duration": "2d"}, "window.duration", "year 9999"),
+        ({"start": "9999-12-31T23:00:00Z", "duration": "2h"}, "window.start", "out of range"),
     ],
 )
 def test_bad_windows_are_400_naming_the_field(owner_token, window, field, words):
