@@ -17,10 +17,30 @@ def service_missing(what: str) -> None:
     pytest.skip(f"{what} is not reachable")
 
 
+# The agent's own tests: they run against Docker, fakes and doubles of the control plane, never its database, so
+# one leg is enough (the SQLite one). A test there that touches the database, or is a fault test, runs as usual.
+DATABASE_FREE = ("tests/nodeagent/", "tests/gateway/", "tests/runtime/")
+DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_reset_sequences", "live_server"})
+
+
+def _touches_no_database(item: pytest.Item) -> bool:
+    return (
+        item.nodeid.startswith(DATABASE_FREE)
+        and "postgres" not in item.keywords
+        and "faults" not in item.keywords
+        and item.get_closest_marker("django_db") is None
+        and not DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.db import connection
 
     if connection.vendor == "postgresql":
+        once = pytest.mark.skip(reason="touches no database: runs once, in the SQLite leg of the suite")
+        for item in items:
+            if _touches_no_database(item):
+                item.add_marker(once)
         return
     skip = pytest.mark.skip(reason="PostgreSQL behaviour: runs in the PostgreSQL leg of the suite")
     # Fault tests start and kill real processes: slow, and one run of them is enough. (The browser test runs
