@@ -81,6 +81,7 @@ MAX_INT64 = 2**63 - 1
 MAX_SAMPLES = 64 * 720  # a few minutes of 1 Hz samples for a full server, buffered while offline
 MAX_EVENTS = 1000
 MAX_CONTAINERS = 256
+MAX_PREPULLS = 256
 
 Uuid = Annotated[str, Field(min_length=4, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 ShortText = Annotated[str, Field(max_length=256)]
@@ -134,6 +135,13 @@ class NodeFacts(Strict):
     # ``HeartbeatReply.outage_tolerance_s`` it is told, and fences only ``DesiredContainer.replaceable`` work at the
     # lease. Left out of the JSON when false, like ``fencing``.
     outage_tolerant: bool = Field(default=False, exclude_if=lambda value: not value)
+    # The agent pulls images (with registry credentials, ahead of a window: ``HeartbeatReply.prepull``), keeps a
+    # node image cache, and applies ``DesiredContainer.secrets`` and ``resources``. Left out of the JSON when false.
+    pulls: bool = Field(default=False, exclude_if=lambda value: not value)
+    # The node's image cache budget in bytes (None: no budget), for the operator's view.
+    image_cache_bytes: Annotated[int, Field(ge=0, le=MAX_INT64)] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 Vendor = Literal["nvidia", "amd"]
@@ -313,6 +321,14 @@ class ContainerReport(Strict):
     # Stopped by the agent's fence (no reply from the control plane for its lease), not by the control plane;
     # ``error`` says why. Left out of the JSON when false.
     fenced: bool = Field(default=False, exclude_if=lambda value: not value)
+    # The repository digest of the image the container was created from (``sha256:...``): what ran.
+    image_digest: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
+    # The engine killed the container for going over its memory limit; ``error`` then begins "out of memory".
+    oom_killed: bool = Field(default=False, exclude_if=lambda value: not value)
+    # While the image is pulled for this launch (it was not on the node at its window): how far it has come.
+    pull: PullProgress | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 VolumeName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
@@ -363,6 +379,8 @@ class Heartbeat(Strict):
     volumes: list[VolumeUsage] = Field(
         default_factory=list, max_length=MAX_CONTAINERS * MAX_VOLUMES, exclude_if=lambda value: not value
     )
+    # Images pulled or pulling since the last answered heartbeat (docs/images.md). Left out of the JSON when empty.
+    images: list[ImageReport] = Field(default_factory=list, max_length=MAX_PREPULLS, exclude_if=lambda value: not value)
 
     @model_validator(mode="after")
     def _at_most_max_samples(self) -> Heartbeat:
@@ -504,6 +522,98 @@ class VolumeMount(Strict):
         return self
 
 
+MAX_SECRETS = 64
+SecretName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+# The env variable names a secret may take: what a POSIX shell can name, and never one of the runtime's own.
+EnvName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+# Where secrets meant as files appear in the container: one file per secret, named after it.
+SECRETS_DIR = "/run/secrets"
+
+
+class RegistryAuth(Strict):
+    """Credentials for the one registry an image is pulled from (docs/images.md). Sent only inside the launch or
+    pre-pull that needs them; the agent hands them to the engine's pull and writes them nowhere but its held
+    desired state (mode 0600), never to a log."""
+
+    # host[:port] as ``nodeagent.imageref`` reads it from the image reference (docker.io for Docker Hub).
+    registry: Annotated[str, Field(min_length=1, max_length=253)]
+    username: Annotated[str, Field(min_length=1, max_length=256)]
+    password: Annotated[str, Field(min_length=1, max_length=8192)] = Field(repr=False)
+
+
+class SecretValue(Strict):
+    """One project secret a launch asked for: as the variable ``env``, as the file ``/run/secrets/<name>``, or
+    both. The value never appears in a report, an event or a log line of either side."""
+
+    name: SecretName
+    value: Annotated[str, Field(max_length=65536)] = Field(repr=False)
+    env: EnvName | None = None
+    file: bool = False
+
+    @model_validator(mode="after")
+    def _goes_somewhere(self) -> SecretValue:
+        if self.env is None and not self.file:
+            raise PydanticCustomError("secret_target", "a secret goes to an env variable, a file, or both", {})
+        return self
+
+
+class Ulimit(Strict):
+    """One resource limit, as ``docker run --ulimit name=soft:hard`` sets it; -1 is unlimited."""
+
+    name: Literal["memlock", "stack", "nofile", "nproc", "core"]
+    soft: Annotated[int, Field(ge=-1, le=MAX_INT64)]
+    hard: Annotated[int, Field(ge=-1, le=MAX_INT64)]
+
+
+class ContainerResources(Strict):
+    """What the container gets of the server besides its GPUs, by the operator's policy (docs/runtime.md,
+    "Resources"): computed by the control plane, applied by the agent."""
+
+    # Host CPUs (whole cores) the container is pinned to; the agent picks them on its GPUs' NUMA nodes, apart from
+    # the CPUs of its other containers where it can. None: not pinned.
+    cpus: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # The size of /dev/shm; None leaves the engine's default (64 MiB, too small for PyTorch's DataLoader).
+    shm_size_mib: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    ulimits: list[Ulimit] = Field(default_factory=list, max_length=8)
+
+
+class PullProgress(Strict):
+    """How far a pull has come: layers and bytes as the engine reports them, and seconds since it began."""
+
+    layers_done: Annotated[int, Field(ge=0, le=10000)] = 0
+    layers_total: Annotated[int, Field(ge=0, le=10000)] = 0
+    bytes_done: Annotated[int, Field(ge=0, le=MAX_INT64)] = 0
+    bytes_total: Annotated[int, Field(ge=0, le=MAX_INT64)] = 0
+    seconds: Annotated[float, Field(ge=0, le=1e9)] = 0.0
+
+
+class PrePull(Strict):
+    """An image an upcoming reservation on this node needs: the agent pulls it ahead of ``needed_at`` and keeps
+    it out of its cache's eviction until then. Sent only to an agent that says it pulls (``NodeFacts.pulls``)."""
+
+    image: Annotated[str, Field(min_length=1, max_length=512)]
+    registry_auth: RegistryAuth | None = Field(default=None, exclude_if=lambda value: value is None)
+    # The reservations (public ids) that need it, so the agent's report can name them.
+    reservations: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(min_length=1, max_length=256)
+    needed_at: datetime
+
+
+class ImageReport(Strict):
+    """What the agent knows of one image it was asked to pull (ahead, or for a launch): sent on every change and
+    repeated until a heartbeat is answered."""
+
+    image: Annotated[str, Field(min_length=1, max_length=512)]
+    state: Literal["pulling", "present", "failed"]
+    reservations: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=256)
+    # The repository digest the engine resolved (``sha256:...``) once present.
+    digest: Annotated[str, Field(max_length=128)] | None = None
+    size_bytes: Annotated[int, Field(ge=0, le=MAX_INT64)] | None = None
+    progress: PullProgress | None = None
+    # Why a pull failed, in the registry's or the engine's words (never with credentials).
+    error: Annotated[str, Field(max_length=2000)] | None = None
+    at: datetime
+
+
 class DesiredContainer(Strict):
     """What must run on this node now. ``launch_id`` is stable, so a redelivered launch is a no-op."""
 
@@ -537,6 +647,12 @@ class DesiredContainer(Strict):
     # the agent fences it at the lease, and a watchdog inside its container stops it even when the agent cannot
     # (docs/runtime.md, "Lease watchdog"). Other work runs through a control-plane outage. Left out when false.
     replaceable: bool = Field(default=False, exclude_if=lambda value: not value)
+    # Credentials for the image's registry (the project's, docs/images.md), when it has some for that registry.
+    registry_auth: RegistryAuth | None = Field(default=None, exclude_if=lambda value: value is None)
+    # The project secrets the booking asked for, with their values as of this launch.
+    secrets: list[SecretValue] = Field(default_factory=list, max_length=MAX_SECRETS, exclude_if=lambda value: not value)
+    # CPUs, /dev/shm and ulimits by the operator's policy; host memory is ``memory_limit_mib``.
+    resources: ContainerResources | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @model_validator(mode="after")
     def _egress_names_its_network(self) -> DesiredContainer:
@@ -577,6 +693,9 @@ class HeartbeatReply(Strict):
     )
     # MIG layouts to apply. Sent only while an operator's reconfiguration waits, left out of the JSON otherwise.
     mig: list[DesiredMig] = Field(default_factory=list, max_length=MAX_GPUS, exclude_if=lambda value: not value)
+    # Images to pull ahead of upcoming reservations' windows (docs/images.md). Sent only to an agent that says it
+    # pulls (``NodeFacts.pulls``), and left out of the JSON when empty.
+    prepull: list[PrePull] = Field(default_factory=list, max_length=MAX_PREPULLS, exclude_if=lambda value: not value)
 
 
 class EnrollRequest(Strict):

@@ -97,6 +97,26 @@ def docker_client():  # type: ignore[no-untyped-def]
     return client
 
 
+@pytest.fixture(scope="session")
+def oci_registry(docker_client, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A real registry (Debian's docker-registry) on a free loopback port, with htpasswd users, holding the test
+    image under the private name ``team/trainer:v1`` (``.pushed`` maps it to its digest). Stopped at the end."""
+    from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
+    from tests import registry_support
+
+    if registry_support.binary() is None:
+        service_missing("an OCI registry (Debian's docker-registry package)")
+    ensure_busybox_image(docker_client, DEFAULT_TAG)
+    registry = registry_support.start_registry(
+        tmp_path_factory.mktemp("oci-registry"), {"ci-pusher": "registry-pw-for-tests", "reader": "reader-pw"}
+    )
+    try:
+        registry.push(docker_client, DEFAULT_TAG, "team/trainer", "v1")
+        yield registry
+    finally:
+        registry.stop()
+
+
 @pytest.fixture
 def api_client():  # type: ignore[no-untyped-def]
     from rest_framework.test import APIClient
