@@ -425,6 +425,9 @@ DISPATCH_LOG_KEEP_BYTES = env_int("DISPATCH_LOG_KEEP_BYTES", 1_048_576, minimum=
 # A follow stream (Server-Sent Events) ends after this long and the client reconnects with its cursor: each
 # open stream holds one of the web server's threads.
 DISPATCH_LOG_FOLLOW_MAX_S = env_float("DISPATCH_LOG_FOLLOW_MAX_S", 300.0, minimum=1.0)
+# Pre-pull (docs/images.md): how long before its window an advance reservation's image is pulled on its servers;
+# a window nearer than this at booking is pulled from the next heartbeat on.
+IMAGES_PREPULL_LEAD_S = env_int("IMAGES_PREPULL_LEAD_S", 1800, minimum=0)
 
 # --- Fleet ----------------------------------------------------------------------------------------------
 # A server is offline once this many heartbeat intervals pass without one.

@@ -12,10 +12,10 @@ class DispatchConfig(AppConfig):
         from datetime import datetime
         from typing import Any
 
-        from controlplane.dispatch import recovery, reports, services
+        from controlplane.dispatch import images, recovery, reports, services
         from controlplane.fleet import desired
         from controlplane.reservations import hooks as reservation_hooks
-        from nodeagent.schema import ContainerReport
+        from nodeagent.schema import ContainerReport, ImageReport, PrePull
 
         def booked(reservation: Any, now: Any) -> None:
             services.dispatch_reservation_booked(reservation=reservation, now=now)
@@ -35,9 +35,17 @@ class DispatchConfig(AppConfig):
         def server_lost(server: Any, now: datetime, silent_s: float) -> int:
             return recovery.server_lost(server=server, now=now, silent_s=silent_s)
 
+        def prepull_for(server: Any, now: datetime) -> list[PrePull]:
+            return images.prepull_for(server=server, now=now)
+
+        def images_reported(server: Any, image_reports: Sequence[ImageReport], now: datetime) -> None:
+            images.images_reported(server=server, reports=image_reports, now=now)
+
         reservation_hooks.booked.register(booked)
         reservation_hooks.changed.register(changed)
         desired.desired_state_hook.register(desired_state_for)
         desired.work_probe_hook.register(work_probe)
         desired.containers_reported_hook.register(containers_reported)
         desired.server_lost_hook.register(server_lost)
+        desired.prepull_hook.register(prepull_for)
+        desired.images_reported_hook.register(images_reported)

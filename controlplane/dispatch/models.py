@@ -41,6 +41,13 @@ class Launch(models.Model):
     push_attempts = models.PositiveIntegerField(default=0)
     # When the closer first saw the reservation no longer wanting it and pushed the stop.
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # The repository digest of the image the container was created from, as the agent saw it: what ran.
+    image_digest = models.CharField(max_length=128, blank=True)
+    # The engine killed the container for going over its memory limit (``error`` says so in words).
+    oom_killed = models.BooleanField(default=False)
+    # While the agent pulls the image for this launch (it was not on the node at its window): the last progress
+    # it reported (``nodeagent.schema.PullProgress``'s fields); None once the pull is over or when there was none.
+    pull = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -119,3 +126,36 @@ class LaunchLogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.log_id} [{self.offset}, {self.end})"
+
+
+class ImagePull(models.Model):
+    """What one server's agent reported of pulling a reservation's image ahead of its window (docs/images.md).
+
+    One row per (server, reservation, image); the reservation's events carry the transitions (pulling, pulled,
+    failed), this row the latest figures."""
+
+    class State(models.TextChoices):
+        PULLING = "pulling", "Pulling"
+        PRESENT = "present", "Present"
+        FAILED = "failed", "Failed"
+
+    server = models.ForeignKey(Server, on_delete=models.CASCADE, related_name="image_pulls")
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="image_pulls")
+    image = models.CharField(max_length=512)
+    state = models.CharField(max_length=16, choices=State.choices)
+    digest = models.CharField(max_length=128, blank=True)
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    # ``nodeagent.schema.PullProgress``'s fields, as last reported.
+    progress = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    reported_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["server", "reservation", "image"], name="image_pull_one_per_server_image"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.image} on {self.server_id} for {self.reservation_id}: {self.state}"

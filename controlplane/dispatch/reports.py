@@ -49,13 +49,24 @@ def _apply_report(launch: Launch, report: schema.ContainerReport, now: datetime)
         fields["log_tail"] = report.log_tail
     if report.error and report.error != launch.error:
         fields["error"] = report.error
+    if report.image_digest and report.image_digest != launch.image_digest:
+        fields["image_digest"] = report.image_digest
+    if report.oom_killed and not launch.oom_killed:
+        fields["oom_killed"] = True
+    # The pull for this launch (its image was not on the node at the window): the latest progress while it runs,
+    # cleared by the first report without one.
+    pull = report.pull.model_dump(mode="json") if report.pull is not None else None
+    if pull != launch.pull:
+        fields["pull"] = pull
     if report.state == "missing" and not report.error:
         fields["error"] = "the container disappeared from the engine"
     if target == LaunchState.RUNNING and current == LaunchState.PENDING and launch.error and not report.error:
         fields["error"] = ""  # the wait for a GPU is over; the reason no longer applies
     if current in FINAL_LAUNCH_STATES:
         # Final is final; a late report may still bring the exit code or the log tail it lacked.
-        fields = {k: v for k, v in fields.items() if getattr(launch, k) in (None, "")}
+        fields = {k: v for k, v in fields.items() if getattr(launch, k) in (None, "", False) and k != "pull"}
+        if launch.pull is not None:
+            fields["pull"] = None
         target = current
     elif target not in FINAL_LAUNCH_STATES and _RANK[target] < _RANK[current]:
         target = current  # never backwards: an old "pending" cannot undo a seen "running"

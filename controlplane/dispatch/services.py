@@ -448,7 +448,9 @@ def settle(*, reservation_id: int, now: datetime | None = None) -> str | None:
             reservation,
             launches,
             ReservationState.FAILED,
-            f"the container on {_host(first)} exited with code {first.exit_code}",
+            f"the container on {_host(first)} exited with code {first.exit_code}"
+            # The engine's kill for the memory limit, in the agent's words (docs/runtime.md, "Resources").
+            + (f": {first.error}" if first.oom_killed and first.error else ""),
             now,
         )
     return _finish_as(

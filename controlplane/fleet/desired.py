@@ -12,7 +12,7 @@ from typing import Any
 
 from controlplane.core.hooks import RequiredHook
 from controlplane.inventory.models import Server
-from nodeagent.schema import AgentEvent, ContainerReport, DesiredContainer, VolumeUsage
+from nodeagent.schema import AgentEvent, ContainerReport, DesiredContainer, ImageReport, PrePull, VolumeUsage
 
 DISPATCH = "controlplane.dispatch"
 # (server, now, has_work) -> (the containers that must run, the launch ids to stop)
@@ -27,6 +27,11 @@ containers_reported_hook: RequiredHook[[Server, Sequence[ContainerReport], datet
 )
 # (server, now, seconds of silence as node loss counts them) -> how many launches were given up
 server_lost_hook: RequiredHook[[Server, datetime, float], int] = RequiredHook("fleet.server_lost", provider=DISPATCH)
+# (server, now) -> the images to pull ahead of upcoming windows on it
+prepull_hook: RequiredHook[[Server, datetime], list[PrePull]] = RequiredHook("fleet.prepull_for", provider=DISPATCH)
+images_reported_hook: RequiredHook[[Server, Sequence[ImageReport], datetime], None] = RequiredHook(
+    "fleet.images_reported", provider=DISPATCH
+)
 
 
 def desired_state_for(
@@ -46,6 +51,16 @@ def work_probe(server: Server, now: datetime) -> tuple[str, list[Any]]:
 def containers_reported(server: Server, reports: Sequence[ContainerReport], now: datetime) -> None:
     """The containers the agent says it runs or ran, as Docker saw them."""
     containers_reported_hook(server, reports, now)
+
+
+def prepull_for(server: Server, now: datetime) -> list[PrePull]:
+    """The images ``server``'s agent should pull now for the reservations whose windows open there soon."""
+    return prepull_hook(server, now)
+
+
+def images_reported(server: Server, reports: Sequence[ImageReport], now: datetime) -> None:
+    """What the agent says of the images it pulls ahead (progress, digest, failure)."""
+    images_reported_hook(server, reports, now)
 
 
 def server_lost(server: Server, now: datetime, silent_s: float) -> int:

@@ -394,6 +394,9 @@ def _ingest(
     usages = getattr(heartbeat, "volumes", None)
     if usages:
         desired.volumes_reported(server, usages, now)
+    images = getattr(heartbeat, "images", None)
+    if images:
+        desired.images_reported(server, images, now)
     if heartbeat.containers:
         desired.containers_reported(server, heartbeat.containers, now)
         wanted, stop = desired.desired_state_for(server)
@@ -409,6 +412,8 @@ def _ingest(
         lease_s=fencing.lease_s(server.heartbeat_interval_s) if heartbeat.node.fencing else None,
         outage_tolerance_s=fencing.outage_tolerance_s() if heartbeat.node.outage_tolerant else None,
         mig=fleet_mig.desired_for(gpus.values()),
+        # Only to an agent that pulls: an older one would refuse a reply with a field it does not know.
+        prepull=desired.prepull_for(server, probe_at) if heartbeat.node.pulls else [],
     )
 
 

@@ -14,6 +14,7 @@ class EventType(models.TextChoices):
     REQUEUED = "reservation.requeued", "Reservation requeued"
     PREEMPTED = "reservation.preempted", "Reservation preempted"
     GPU_FAULT = "reservation.gpu_fault", "GPU fault on a reservation"
+    IMAGE_FAILED = "reservation.image_failed", "Image could not be pulled"
     IDLE_WARNING = "reservation.idle_warning", "Idle GPUs warning"
     BUDGET_THRESHOLD = "project.budget_threshold", "Budget threshold crossed"
     JOIN_TOKEN_USED = "fleet.join_token_used", "Join token used"
@@ -60,6 +61,7 @@ DEFAULT_CHANNELS: dict[str, str] = {
     EventType.REQUEUED: Channel.EMAIL,
     EventType.PREEMPTED: Channel.EMAIL,
     EventType.GPU_FAULT: Channel.EMAIL,
+    EventType.IMAGE_FAILED: Channel.EMAIL,
     EventType.IDLE_WARNING: Channel.EMAIL,
     EventType.BUDGET_THRESHOLD: Channel.EMAIL,
     EventType.JOIN_TOKEN_USED: Channel.NONE,

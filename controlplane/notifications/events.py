@@ -6,6 +6,7 @@ writes the outbox rows and asks for a fan-out after the commit. Which reservatio
 - booked: pending -> scheduled (a booking, a queued request started, a requeue's follow-up);
 - starting: -> starting; running: -> running (the connect information is read at fan-out);
 - extended: an event without a state change that carries ``old_ends_at``;
+- image failed: an event without a state change whose ``image`` says a pull ahead of the window failed;
 - failed, interrupted: -> failed, -> interrupted; requeued: the note carrying ``follow_up``;
 - GPU fault: a GPU's health going unhealthy while an active allocation holds it now;
 - servers lost: the servers one node-loss pass marked offline, as one digest; server back: a heartbeat bringing
@@ -39,6 +40,8 @@ def _reservation_type(event: Any) -> EventType | None:
             return EventType.EXTENDED
         if "follow_up" in data:
             return EventType.REQUEUED
+        if (data.get("image") or {}).get("state") == "failed":
+            return EventType.IMAGE_FAILED
         return None
     if to == ReservationState.SCHEDULED and frm == ReservationState.PENDING:
         return EventType.BOOKED
@@ -62,6 +65,9 @@ def _reservation_events(events: Sequence[Any]) -> list[Event]:
             payload.update(old_ends_at=event.data["old_ends_at"], ends_at=event.data["ends_at"])
         if kind == EventType.REQUEUED:
             payload["follow_up"] = event.data["follow_up"]
+        if kind == EventType.IMAGE_FAILED:
+            image = event.data["image"]
+            payload.update(image=image.get("image"), server=image.get("server"), error=image.get("error", ""))
         rows.append(
             Event(
                 type=kind,

@@ -68,6 +68,13 @@ def describe(event: Event, data: dict[str, Any]) -> tuple[str, str]:
             f"GPU fault: {name}",
             f"GPU {p.get('gpu_index')} ({p.get('gpu')}) of {name} is unhealthy: {', '.join(p.get('reasons', []))}",
         )
+    if t == EventType.IMAGE_FAILED:
+        return (
+            f"Image not pulled: {name}",
+            f"The image {p.get('image')} of {name} could not be pulled on {p.get('server')} before its window: "
+            f"{p.get('error', '')}. Fix the image or the project's registry credentials, or the container will not "
+            "start when the window opens.",
+        )
     if t == EventType.IDLE_WARNING:
         return (
             f"Idle GPUs: {name}",

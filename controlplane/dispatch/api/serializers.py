@@ -1,8 +1,25 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.dispatch.models import Launch
+from controlplane.dispatch.models import ImagePull, Launch
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "properties": {
+            "layers_done": {"type": "integer"},
+            "layers_total": {"type": "integer"},
+            "bytes_done": {"type": "integer"},
+            "bytes_total": {"type": "integer"},
+            "seconds": {"type": "number"},
+        },
+    }
+)
+class PullProgressField(serializers.JSONField):
+    """``nodeagent.schema.PullProgress`` as the agent reported it."""
 
 
 class LaunchSerializer(serializers.ModelSerializer):
@@ -11,6 +28,17 @@ class LaunchSerializer(serializers.ModelSerializer):
     reservation = serializers.UUIDField(source="reservation.public_id", read_only=True)
     server = serializers.CharField(source="server.hostname", read_only=True)
     gpu_uuids = serializers.ListField(child=serializers.CharField(), read_only=True)
+    image_digest = serializers.CharField(
+        read_only=True, help_text="The repository digest of the image the container was created from: what ran."
+    )
+    oom_killed = serializers.BooleanField(
+        read_only=True, help_text="The container went over its memory limit and was killed; error says so in words."
+    )
+    pull = PullProgressField(
+        read_only=True,
+        allow_null=True,
+        help_text="While the image is pulled at the window (it was not on the node): layers, bytes and seconds so far.",
+    )
 
     class Meta:
         model = Launch
@@ -27,6 +55,9 @@ class LaunchSerializer(serializers.ModelSerializer):
             "exit_code",
             "error",
             "log_tail",
+            "image_digest",
+            "oom_killed",
+            "pull",
             "pushed_at",
             "push_attempts",
             "created_at",
@@ -59,3 +90,15 @@ class ReservationLogsSerializer(serializers.Serializer):
     cursor = serializers.CharField(help_text="Give it as `?follow=1&after=` to follow from the end of this answer.")
     finished = serializers.BooleanField(help_text="Every launch ended and all its output arrived.")
     launches = LaunchLogSerializer(many=True)
+
+
+class ImagePullSerializer(serializers.ModelSerializer):
+    """An image pulled ahead of a reservation's window on one of its servers, as that server's agent reported it."""
+
+    server = serializers.CharField(source="server.hostname", read_only=True)
+    progress = PullProgressField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = ImagePull
+        fields = ["server", "image", "state", "digest", "size_bytes", "progress", "error", "reported_at"]
+        read_only_fields = fields

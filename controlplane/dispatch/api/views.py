@@ -5,9 +5,9 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, mixins, viewsets
 
-from controlplane.dispatch.api.serializers import LaunchSerializer
+from controlplane.dispatch.api.serializers import ImagePullSerializer, LaunchSerializer
 from controlplane.dispatch.filters import LaunchFilter
-from controlplane.dispatch.models import Launch
+from controlplane.dispatch.models import ImagePull, Launch
 from controlplane.dispatch.selectors import launches_visible_to
 from controlplane.reservations.selectors import reservations_visible_to
 
@@ -34,3 +34,17 @@ class ReservationLaunchesView(generics.ListAPIView):
     def get_queryset(self) -> QuerySet[Launch]:
         reservation = get_object_or_404(reservations_visible_to(self.request.user), public_id=self.kwargs["id"])
         return Launch.objects.filter(reservation=reservation).select_related("reservation", "server")
+
+
+@extend_schema(summary="The images pulled ahead of one reservation's window")
+class ReservationImagesView(generics.ListAPIView):
+    """Per server, what its agent reported of pulling the reservation's image before the window: pulling (with
+    layers, bytes and seconds), present (with the digest) or failed (with the registry's reason). Another project's
+    reservation is 404."""
+
+    serializer_class = ImagePullSerializer
+    queryset = ImagePull.objects.none()
+
+    def get_queryset(self) -> QuerySet[ImagePull]:
+        reservation = get_object_or_404(reservations_visible_to(self.request.user), public_id=self.kwargs["id"])
+        return ImagePull.objects.filter(reservation=reservation).select_related("server")

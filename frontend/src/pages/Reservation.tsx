@@ -183,6 +183,8 @@ function ReservationView({ r }: { r: ReservationDetail }) {
 
       <Card withBorder>
         <Text fw={600} mb="xs">Container</Text>
+        <Text size="sm" c="dimmed" mb="xs" ff="monospace">{r.image}</Text>
+        <ImagePulls r={r} />
         <Launches r={r} />
       </Card>
 
@@ -445,6 +447,14 @@ function TelemetryCharts({ r }: { r: ReservationDetail }) {
   );
 }
 
+interface PullProgress {
+  layers_done: number;
+  layers_total: number;
+  bytes_done: number;
+  bytes_total: number;
+  seconds: number;
+}
+
 interface Launch {
   launch_id?: string;
   state?: string;
@@ -454,7 +464,65 @@ interface Launch {
   server?: string;
   started_at?: string | null;
   finished_at?: string | null;
+  image_digest?: string;
+  oom_killed?: boolean;
+  pull?: PullProgress | null;
   [key: string]: unknown;
+}
+
+interface ImagePull {
+  server: string;
+  image: string;
+  state: "pulling" | "present" | "failed";
+  digest: string;
+  size_bytes: number | null;
+  progress: PullProgress | null;
+  error: string;
+  reported_at: string;
+}
+
+function megabytes(bytes: number): string {
+  return `${(bytes / 1e6).toFixed(1)} MB`;
+}
+
+/** "3 of 7 layers, 120.0 of 480.0 MB, 12 s": how far a pull has come, in the agent's figures. */
+export function pullText(p: PullProgress): string {
+  const bytes = p.bytes_total > 0 ? `, ${megabytes(p.bytes_done)} of ${megabytes(p.bytes_total)}` : "";
+  return `${p.layers_done} of ${p.layers_total} layers${bytes}, ${Math.round(p.seconds)} s`;
+}
+
+/** The image pulled ahead of the window on each server: pulling, on the node (with its digest), or failed. */
+function ImagePulls({ r }: { r: ReservationDetail }) {
+  const pulls = useQuery({
+    queryKey: ["image-pulls", r.id],
+    queryFn: async () => {
+      const data = await api.get<ImagePull[] | { results: ImagePull[] }>(`reservations/${r.id}/images/`);
+      return Array.isArray(data) ? data : data.results;
+    },
+    refetchInterval: r.state === "scheduled" || r.state === "starting" ? POLL_MS : false,
+  });
+  if (!pulls.data || pulls.data.length === 0) return null;
+  return (
+    <Stack gap={4} data-testid="image-pulls">
+      {pulls.data.map((p) => (
+        <Group key={`${p.server}-${p.image}`} gap="sm">
+          <Badge color={p.state === "failed" ? "red" : p.state === "present" ? "teal" : "blue"} variant="light">
+            {p.state === "present" ? "image ready" : p.state === "failed" ? "pull failed" : "pulling"}
+          </Badge>
+          <Text size="sm">{p.server}</Text>
+          {p.state === "pulling" && p.progress && <Text size="sm">{pullText(p.progress)}</Text>}
+          {p.state === "present" && (
+            <Text size="xs" c="dimmed" ff="monospace">
+              {p.digest}
+              {p.size_bytes !== null ? ` · ${megabytes(p.size_bytes)}` : ""}
+              {p.progress ? ` · pulled in ${p.progress.seconds.toFixed(1)} s` : ""}
+            </Text>
+          )}
+          {p.state === "failed" && <Text size="sm" c="red">{p.error}</Text>}
+        </Group>
+      ))}
+    </Stack>
+  );
 }
 
 async function fetchLaunches(id: string): Promise<Launch[] | null> {
@@ -493,7 +561,14 @@ function Launches({ r }: { r: ReservationDetail }) {
             <Text size="sm">exit code: <b>{l.exit_code ?? "–"}</b></Text>
             {l.started_at && <Text size="xs" c="dimmed">started {formatDateTime(l.started_at)}</Text>}
             {l.finished_at && <Text size="xs" c="dimmed">finished {formatDateTime(l.finished_at)}</Text>}
+            {l.oom_killed && <Badge color="red" data-testid="oom-killed">out of memory</Badge>}
           </Group>
+          {l.pull && (
+            <Text size="sm" data-testid="launch-pull">Pulling the image (it was not on the node): {pullText(l.pull)}</Text>
+          )}
+          {l.image_digest && (
+            <Text size="xs" c="dimmed" ff="monospace" data-testid="launch-digest">ran {l.image_digest}</Text>
+          )}
           {l.error && <Text size="sm" c="red">{String(l.error)}</Text>}
           {l.log_tail ? (
             <Code block className="logtail" mt={4}>{l.log_tail}</Code>

@@ -14,7 +14,7 @@ import { ProjectPicker, useProjectChoices } from "../components/ProjectPicker";
 const EVENTS = [
   "reservation.booked", "reservation.starting", "reservation.running", "reservation.ends_soon", "reservation.extended",
   "reservation.failed", "reservation.interrupted", "reservation.requeued", "reservation.preempted",
-  "reservation.gpu_fault", "reservation.idle_warning", "project.budget_threshold",
+  "reservation.gpu_fault", "reservation.image_failed", "reservation.idle_warning", "project.budget_threshold",
 ];
 
 /** A project's webhook endpoints, for its owners (and operators): add, test, rotate, and the delivery log. */
