@@ -434,3 +434,22 @@ def test_a_launch_that_never_ran_ends_the_stream_without_output(followed: dict[s
     follower = followed["follow"]()
     follower.wait(follower.closed.is_set, timeout=5)
     assert [e.get("event") for e in follower.events] == ["end"]
+
+
+@pytest.mark.slow
+def test_a_follower_sees_the_images_pull_at_the_window_before_any_output(followed: dict[str, Any]) -> None:
+    from controlplane.dispatch.models import Launch
+
+    launch = followed["launch"]
+    follower = followed["follow"]()
+    progress = {"layers_done": 1, "layers_total": 4, "bytes_done": 5, "bytes_total": 50, "seconds": 2.0}
+    Launch.objects.filter(pk=launch.pk).update(pull=progress)
+    follower.wait(lambda: any(e.get("event") == "pull" for e in follower.events))
+    [pull] = [json.loads(e["data"]) for e in follower.events if e.get("event") == "pull"]
+    assert (pull["launch_id"], pull["server"], pull["pull"]) == (launch.launch_id, launch.server.hostname, progress)
+    assert pull["image"] == launch.reservation.image
+    # The same progress is not sent twice; the next figures are.
+    Launch.objects.filter(pk=launch.pk).update(pull={**progress, "layers_done": 4, "seconds": 6.0})
+    follower.wait(lambda: sum(e.get("event") == "pull" for e in follower.events) == 2)
+    time.sleep(0.6)
+    assert sum(e.get("event") == "pull" for e in follower.events) == 2

@@ -114,6 +114,7 @@ def follow_events(reservation_pk: int, cursor: dict[int, int]) -> Iterator[bytes
     last_write = time.monotonic()
     # A comment first, so the client sees the headers at once; the retry tells EventSource how soon to reconnect.
     yield b"retry: 1000\n: following\n\n"
+    pulls: dict[int, Any] = {}
     while True:
         reservation = Reservation.objects.filter(pk=reservation_pk).first()
         if reservation is None:
@@ -123,6 +124,21 @@ def follow_events(reservation_pk: int, cursor: dict[int, int]) -> Iterator[bytes
         known = {launch.pk for launch in launches}
         for pk in [pk for pk in cursor if pk not in known]:
             del cursor[pk]  # a cursor from another reservation: its parts mean nothing here
+        for launch in launches:
+            # The pull of the launch's image at its window (it was not on the node): before the container writes
+            # anything, its progress is the only thing to follow.
+            if launch.pull != pulls.get(launch.pk):
+                pulls[launch.pk] = launch.pull
+                if launch.pull is not None:
+                    event = {
+                        "server": launch.server.hostname,
+                        "launch_id": launch.launch_id,
+                        "generation": launch.generation,
+                        "image": reservation.image,
+                        "pull": launch.pull,
+                    }
+                    yield _sse("pull", event, logs.format_cursor(cursor))
+                    last_write = time.monotonic()
         more = False
         for launch in launches:
             log = logs.log_of(launch)
@@ -165,7 +181,9 @@ def follow_events(reservation_pk: int, cursor: dict[int, int]) -> Iterator[bytes
         "it. With `?follow=1` the answer is a stream of Server-Sent Events (`text/event-stream`): each event's "
         "`data` is JSON `{server, launch_id, generation, offset, cut, text}` and its `id` a cursor, so "
         "`Last-Event-ID` (or `?after=`) resumes after it; a comment every 15 s keeps it open; `event: end` comes "
-        "once every launch of the reservation has ended and all its output was sent. A stream ends after "
+        "once every launch of the reservation has ended and all its output was sent; `event: pull` "
+        "(`{server, launch_id, generation, image, pull}`) while a launch's image is pulled at its window, with "
+        "layers, bytes and seconds so far. A stream ends after "
         "DISPATCH_LOG_FOLLOW_MAX_S; reconnect with the last id. Another project's reservation is 404."
     ),
     parameters=[

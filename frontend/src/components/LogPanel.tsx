@@ -2,7 +2,7 @@ import { Alert, Badge, Card, Group, Stack, Text } from "@mantine/core";
 import { useEffect, useLayoutEffect, useRef, useState } from "react";
 
 import { API_ROOT } from "../api/client";
-import { appendLog, atBottom, followUrl, type LaunchOutput, type LogEvent } from "../lib/logs";
+import { appendLog, atBottom, followUrl, pullText, type LaunchOutput, type LogEvent, type PullEvent } from "../lib/logs";
 
 type Status = "connecting" | "live" | "reconnecting" | "ended" | "unavailable";
 
@@ -19,9 +19,11 @@ const STATUS_TEXT: Record<Status, string> = {
 export function LogPanel({ reservationId }: { reservationId: string }) {
   const [outputs, setOutputs] = useState<LaunchOutput[]>([]);
   const [status, setStatus] = useState<Status>("connecting");
+  const [pulls, setPulls] = useState<Record<string, PullEvent>>({});
 
   useEffect(() => {
     setOutputs([]);
+    setPulls({});
     setStatus("connecting");
     const source = new EventSource(followUrl(API_ROOT, reservationId));
     source.onopen = () => setStatus("live");
@@ -34,6 +36,15 @@ export function LogPanel({ reservationId }: { reservationId: string }) {
       }
       setOutputs((current) => appendLog(current, event));
     };
+    // The image being pulled at the window, before the container writes anything.
+    source.addEventListener("pull", (message: MessageEvent<string>) => {
+      try {
+        const event = JSON.parse(message.data) as PullEvent;
+        setPulls((current) => ({ ...current, [event.launch_id]: event }));
+      } catch {
+        return;
+      }
+    });
     source.addEventListener("end", () => {
       source.close();
       setStatus("ended");
@@ -55,6 +66,11 @@ export function LogPanel({ reservationId }: { reservationId: string }) {
           {STATUS_TEXT[status]}
         </Badge>
       </Group>
+      {Object.values(pulls).map((p) => (
+        <Text key={p.launch_id} size="sm" ff="monospace" data-testid="log-pull">
+          {p.server}: pulling {p.image}: {pullText(p.pull)}
+        </Text>
+      ))}
       {outputs.length === 0 ? (
         <Text size="sm" c="dimmed">
           {status === "unavailable" ? "Live output is not available." : "No output yet."}

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { appendLog, atBottom, followUrl, type LogEvent } from "./logs";
+import { appendLog, atBottom, followUrl, type LogEvent, pullText } from "./logs";
 
 function ev(text: string, extra: Partial<LogEvent> = {}): LogEvent {
   return { server: "gpu-1", launch_id: "L1", generation: 1, offset: 0, cut: 0, text, ...extra };
@@ -48,5 +48,18 @@ describe("atBottom", () => {
 describe("followUrl", () => {
   it("quotes the id", () => {
     expect(followUrl("/api/v1/", "a/b")).toBe("/api/v1/reservations/a%2Fb/logs/?follow=1");
+  });
+});
+
+describe("pullText", () => {
+  it("says layers, bytes and seconds", () => {
+    expect(pullText({ layers_done: 3, layers_total: 7, bytes_done: 120e6, bytes_total: 480e6, seconds: 11.6 })).toBe(
+      "3 of 7 layers, 120.0 MB of 480.0 MB, 12 s",
+    );
+  });
+  it("leaves bytes out while the engine has not said the total", () => {
+    expect(pullText({ layers_done: 0, layers_total: 2, bytes_done: 0, bytes_total: 0, seconds: 0.2 })).toBe(
+      "0 of 2 layers, 0 s",
+    );
   });
 });

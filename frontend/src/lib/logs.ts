@@ -50,3 +50,31 @@ export function atBottom(box: { scrollTop: number; clientHeight: number; scrollH
 export function followUrl(apiRoot: string, reservationId: string): string {
   return `${apiRoot}reservations/${encodeURIComponent(reservationId)}/logs/?follow=1`;
 }
+
+/** How far an image pull has come, as the agent reports it (nodeagent/schema.py, PullProgress). */
+export interface PullProgress {
+  layers_done: number;
+  layers_total: number;
+  bytes_done: number;
+  bytes_total: number;
+  seconds: number;
+}
+
+/** `event: pull` of the logs stream: a launch's image is being pulled at its window. */
+export interface PullEvent {
+  server: string;
+  launch_id: string;
+  generation: number;
+  image: string;
+  pull: PullProgress;
+}
+
+function megabytes(bytes: number): string {
+  return `${(bytes / 1e6).toFixed(1)} MB`;
+}
+
+/** "3 of 7 layers, 120.0 MB of 480.0 MB, 12 s": how far a pull has come. */
+export function pullText(p: PullProgress): string {
+  const bytes = p.bytes_total > 0 ? `, ${megabytes(p.bytes_done)} of ${megabytes(p.bytes_total)}` : "";
+  return `${p.layers_done} of ${p.layers_total} layers${bytes}, ${Math.round(p.seconds)} s`;
+}

@@ -28,6 +28,7 @@ import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { ConnectPanel } from "../components/ConnectPanel";
 import { LogPanel } from "../components/LogPanel";
+import { pullText, type PullProgress } from "../lib/logs";
 import { IdleBanner } from "../components/IdleBanner";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
@@ -447,14 +448,6 @@ function TelemetryCharts({ r }: { r: ReservationDetail }) {
   );
 }
 
-interface PullProgress {
-  layers_done: number;
-  layers_total: number;
-  bytes_done: number;
-  bytes_total: number;
-  seconds: number;
-}
-
 interface Launch {
   launch_id?: string;
   state?: string;
@@ -483,12 +476,6 @@ interface ImagePull {
 
 function megabytes(bytes: number): string {
   return `${(bytes / 1e6).toFixed(1)} MB`;
-}
-
-/** "3 of 7 layers, 120.0 of 480.0 MB, 12 s": how far a pull has come, in the agent's figures. */
-export function pullText(p: PullProgress): string {
-  const bytes = p.bytes_total > 0 ? `, ${megabytes(p.bytes_done)} of ${megabytes(p.bytes_total)}` : "";
-  return `${p.layers_done} of ${p.layers_total} layers${bytes}, ${Math.round(p.seconds)} s`;
 }
 
 /** The image pulled ahead of the window on each server: pulling, on the node (with its digest), or failed. */
