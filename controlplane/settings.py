@@ -488,3 +488,35 @@ LOGGING = {
 if PRODUCTION:
     SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
     CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
+
+# --- Vault and images: project secrets, registry credentials, the image check at booking (docs/images.md) ---
+# Fernet keys (comma-separated) that encrypt project secrets and registry passwords at rest: the first encrypts,
+# every one decrypts, so a key is rotated by putting a new one first (then `manage.py vault_rotate`). Without
+# it, a key is generated once into the var directory (mode 0600); a production deployment must give it.
+_vault_keys = env_str("CONTROLPLANE_ENCRYPTION_KEYS")
+if not _vault_keys:
+    if PRODUCTION:
+        raise ImproperlyConfigured(
+            "CONTROLPLANE_ENCRYPTION_KEYS (or CONTROLPLANE_ENCRYPTION_KEYS_FILE) must be set when "
+            "CONTROLPLANE_PRODUCTION is on: it encrypts project secrets and registry passwords"
+        )
+    from controlplane.core.env import generated_key_file
+
+    _vault_keys = generated_key_file(VAR_DIR / "encryption_key")
+CONTROLPLANE_ENCRYPTION_KEYS = [key.strip() for key in _vault_keys.split(",") if key.strip()]
+# How a booking's container.image is checked: "verify" (syntax, then a manifest request to the registry with the
+# project's credentials) or "syntax" (no network). Production verifies by default; a development or test
+# installation checks the syntax only, so that nothing reaches out unless asked to.
+IMAGES_CHECK_AT_BOOKING = env_str("IMAGES_CHECK_AT_BOOKING") or ("verify" if PRODUCTION else "syntax")
+if IMAGES_CHECK_AT_BOOKING not in ("verify", "syntax"):
+    raise ImproperlyConfigured(f'IMAGES_CHECK_AT_BOOKING must be "verify" or "syntax", not {IMAGES_CHECK_AT_BOOKING!r}')
+# The registries bookings may name (host[:port] as an image reference gives it: docker.io, nvcr.io,
+# 127.0.0.1:5000); empty: all.
+IMAGES_ALLOWED_REGISTRIES = env_list("IMAGES_ALLOWED_REGISTRIES", [])
+# The most a booking waits on a registry, all requests together; an unreachable registry is remembered this long
+# (bookings then skip the check and say so), a found image this long.
+IMAGES_CHECK_TIMEOUT_S = env_float("IMAGES_CHECK_TIMEOUT_S", 4.0, minimum=0.1)
+IMAGES_CHECK_UNREACHABLE_TTL_S = env_float("IMAGES_CHECK_UNREACHABLE_TTL_S", 60.0, minimum=0.0)
+IMAGES_CHECK_FOUND_TTL_S = env_float("IMAGES_CHECK_FOUND_TTL_S", 300.0, minimum=0.0)
+# The vault app (controlplane/vault): below reservations, which name its secrets at booking.
+INSTALLED_APPS.insert(INSTALLED_APPS.index("controlplane.reservations"), "controlplane.vault")

@@ -7,6 +7,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.accounts.api.urls")),
     path("", include("controlplane.access.api.urls")),
+    path("", include("controlplane.vault.api.urls")),
     path("", include("controlplane.ledger.api.urls")),
     path("", include("controlplane.reservations.api.urls")),
     path("", include("controlplane.dispatch.api.urls")),

@@ -749,3 +749,36 @@ VISIBLE_TO["idle"] = MEMBERS_OF_ATLAS
 MISSING["idle"] = "00000000-0000-4000-8000-000000000002"
 ROWS.append(row("POST", "/api/v1/reservations/{idle}/keep/", **BOOKERS_WRITE))
 ROWS.append(row("GET", "/api/v1/reservations/{idle}/idle/", **MEMBERS_READ))
+
+
+# --- Project secrets and registry credentials (docs/images.md) ----------------------------------------------
+def _vault_refs(world: World) -> dict[str, object]:
+    from controlplane.vault.services import registry_set, secret_set
+
+    secret_set(project=world.project, name="HF_TOKEN", value="matrix-secret", actor=world.users["owner"])
+    registry_set(
+        project=world.project, registry="nvcr.io", username="u", password="matrix-pw", actor=world.users["owner"]
+    )
+    return {"secret": "HF_TOKEN", "registry": "nvcr.io"}
+
+
+REF_BUILDERS.append(_vault_refs)
+COVERED_URLCONFS.append("controlplane.vault.api.urls")
+VISIBLE_TO.update({"secret": MEMBERS_OF_ATLAS, "registry": MEMBERS_OF_ATLAS})
+MISSING.update({"secret": "NO_SUCH_SECRET", "registry": "no-such.example"})
+SECRETS = "/api/v1/projects/{project_slug}/secrets/"
+REGISTRIES = "/api/v1/projects/{project_slug}/registries/"
+ROWS.extend(
+    [
+        row("GET", SECRETS, **MEMBERS_READ),
+        row("POST", SECRETS, body={"name": "MATRIX", "value": "v"}, **BOOKERS_CREATE),
+        row("GET", SECRETS + "{secret}/", **MEMBERS_READ),
+        row("PUT", SECRETS + "{secret}/", body={"value": "v2"}, **BOOKERS_WRITE),
+        row("DELETE", SECRETS + "{secret}/", **dict(BOOKERS_WRITE, owner=204, teammate=204, operator=204)),
+        row("GET", REGISTRIES, **MEMBERS_READ),
+        row("POST", REGISTRIES, body={"registry": "ghcr.io", "username": "u", "password": "p"}, **BOOKERS_CREATE),
+        row("GET", REGISTRIES + "{registry}/", **MEMBERS_READ),
+        row("PUT", REGISTRIES + "{registry}/", body={"username": "u", "password": "p2"}, **BOOKERS_WRITE),
+        row("DELETE", REGISTRIES + "{registry}/", **dict(BOOKERS_WRITE, owner=204, teammate=204, operator=204)),
+    ]
+)

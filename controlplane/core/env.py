@@ -68,3 +68,28 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def generated_key_file(path: Path) -> str:
+    """The Fernet key in ``path``, generated there first (mode 0600, created exclusively) when it is absent: the
+    embedded installation's encryption key, stable per var directory and never shipped."""
+    import base64
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as out:
+            out.write(base64.urlsafe_b64encode(os.urandom(32)).decode())
+    text = ""
+    for _ in range(50):  # another process may be between creating the file and writing it
+        text = path.read_text().strip()
+        if text:
+            break
+        import time
+
+        time.sleep(0.01)
+    if not text:
+        raise ImproperlyConfigured(f"{path} holds no encryption key; remove it to have one generated")
+    return text

@@ -37,6 +37,7 @@ from controlplane.ledger.services import lock_project
 from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.services import reservation_finish, reservation_mark
+from controlplane.vault import services as vault
 from nodeagent import commands, schema
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,7 @@ def _desired_container(
     *,
     ssh_keys: list[schema.AuthorizedKey] | None = None,
     mounts: tuple[list[schema.VolumeMount], str | None] | None = None,
+    material: vault.LaunchMaterial | None = None,
 ) -> schema.DesiredContainer:
     # Deferred: recovery (node loss) builds on these services, and holds the one rule of replaceable work.
     from controlplane.dispatch.recovery import replaceable
@@ -246,6 +248,9 @@ def _desired_container(
         network="egress" if reservation.network == "egress" and network_name else "none",
         network_name=network_name if reservation.network == "egress" else None,
         replaceable=replaceable(reservation),
+        # The project's credential for the image's registry and the secrets' values, as of this launch.
+        registry_auth=material.registry_auth if material else None,
+        secrets=material.secrets if material else [],
     )
 
 
@@ -271,10 +276,15 @@ def node_desired_state(
     # One read for the keys of every project running here (access registers the reader: dispatch.hooks).
     keys = hooks.authorized_keys({launch.reservation.project_id for launch in running})
     mounts = hooks.container_mounts([launch.reservation for launch in running])
+    # One read for the registry credentials and secrets of every launch here (docs/images.md).
+    material = vault.launch_material({launch.reservation_id: launch.reservation for launch in running}.values())
     for launch in running:
         desired.append(
             _desired_container(
-                launch, ssh_keys=keys.get(launch.reservation.project_id), mounts=mounts.get(launch.reservation_id)
+                launch,
+                ssh_keys=keys.get(launch.reservation.project_id),
+                mounts=mounts.get(launch.reservation_id),
+                material=material.get(launch.reservation_id),
             )
         )
     return desired, stop

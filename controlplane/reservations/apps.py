@@ -12,3 +12,8 @@ class ReservationsConfig(AppConfig):
         from controlplane.reservations.holders import member_gpu_hours
 
         budgets.member_gpu_hours.register(member_gpu_hours)
+        # A secret asked for by a reservation not yet ended is not deleted (docs/images.md).
+        from controlplane.reservations.holders import reservations_asking_secret
+        from controlplane.vault.services import register_secret_users
+
+        register_secret_users(reservations_asking_secret)

@@ -91,3 +91,16 @@ def member_gpu_hours(
             ends = min(ends, released)
         seconds += max(0.0, (min(ends, end) - max(begins, start)).total_seconds())
     return (Decimal(seconds) / 3600).quantize(Decimal("0.01"))
+
+
+def reservations_asking_secret(project_id: int, name: str) -> list[str]:
+    """The reservations of the project, not yet ended, whose container asks for the secret ``name`` (their ids)."""
+    from controlplane.reservations.choices import FINAL_STATES
+    from controlplane.reservations.models import Reservation
+
+    live = (
+        Reservation.objects.filter(project_id=project_id)
+        .exclude(state__in=FINAL_STATES)
+        .values_list("public_id", "secrets")
+    )
+    return [f"reservation {public_id}" for public_id, secrets in live if any(s.get("name") == name for s in secrets)]

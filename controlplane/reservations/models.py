@@ -46,6 +46,8 @@ class Reservation(models.Model):
     # name in this reservation's project, a dataset's in the operators' catalog.
     volumes = models.JSONField(default=list, blank=True)
     network = models.CharField(max_length=16, choices=NetworkMode.choices, default=NetworkMode.NONE)
+    # The project secrets its container gets, by name only: [{"name", "env", "file"}] (docs/images.md).
+    secrets = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.PENDING)
     # Snapshots taken at booking from whoever booked it (the queue's class, docs/scheduling.md), so this app
     # needs nothing above it: a preemptible reservation may be cut short by a non-preemptible booking, with

@@ -48,6 +48,7 @@ from controlplane.reservations.selectors import (
     usable_whole_sql,
 )
 from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window
+from controlplane.vault import services as vault
 
 # How often a booking re-places after finding that a GPU it chose was taken between its read and its lock.
 PLACEMENT_ATTEMPTS = 3
@@ -280,6 +281,10 @@ def reservation_create(
     mounts = hooks.resolve_mounts(
         project=project, volumes=list(container.volumes), network=container.network, window=window
     )
+    # Under the same lock: a secret cannot be deleted between this check and the booking's commit.
+    missing = vault.missing_secrets(project=project, names=[s.name for s in container.secrets])
+    if missing:
+        raise ValidationFailed("; ".join(f"{k}: {v[0]}" for k, v in missing.items()), fields=missing)
     # Created straight in "scheduled": placement and quota are settled below, in this transaction, and both
     # steps stay on the record as events. The row comes first so the allocations can be inserted as soon
     # as GPUs are chosen.
@@ -299,6 +304,7 @@ def reservation_create(
         env=dict(container.env),
         volumes=mounts,
         network=container.network,
+        secrets=[secret.stored() for secret in container.secrets],
         state=ReservationState.SCHEDULED,
         preemptible=preemptible,
         notice_seconds=notice_seconds,

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from controlplane.core.errors import ValidationFailed
 from controlplane.reservations.choices import NetworkMode
-from nodeagent.schema import MAX_VOLUMES, mount_path_problem
+from controlplane.vault.registry import image_problem
+from nodeagent.schema import MAX_SECRETS, MAX_VOLUMES, mount_path_problem
 
 # A client clock a little behind ours must not make "start now" fail.
 START_SKEW = timedelta(minutes=2)
@@ -177,6 +178,86 @@ def mount_problems(volumes: list[MountRequest]) -> dict[str, list[str]]:
     return fields
 
 
+# -- Secrets a booking asks for (docs/images.md, "Secrets in a booking") -------------------------------------
+# The variables the runtime sets in every container: a secret may not take one of these names.
+RUNTIME_ENV_NAMES = frozenset({"NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"})
+RUNTIME_ENV_PREFIXES = ("GPUCP_",)
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def runtime_env_problem(name: str) -> str | None:
+    if name in RUNTIME_ENV_NAMES or name.startswith(RUNTIME_ENV_PREFIXES):
+        return f"{name} is set by the runtime itself; give the secret another variable name."
+    return None
+
+
+@dataclass(frozen=True)
+class SecretRequest:
+    """One project secret a booking asks for, by name: as the variable ``env``, as the file
+    /run/secrets/<name> (``file``), or both. Neither given: the variable of the secret's own name."""
+
+    name: str
+    env: str | None = None
+    file: bool = False
+
+    @classmethod
+    def of(cls, name: str, env: str | None = None, file: bool | None = None) -> SecretRequest:
+        """With the defaults applied: no env and no file is the variable of the secret's own name."""
+        if env is None and not file:
+            env = name
+        return cls(name=name, env=env, file=bool(file))
+
+    def stored(self) -> dict[str, object]:
+        return {"name": self.name, "env": self.env, "file": self.file}
+
+
+def secrets_from_stored(secrets: list[dict[str, object]]) -> list[SecretRequest]:
+    """A reservation's stored secrets (``Reservation.secrets``) asked for again: a requeued follow-up's."""
+    return [
+        SecretRequest(
+            name=str(s["name"]), env=None if s.get("env") is None else str(s["env"]), file=bool(s.get("file"))
+        )
+        for s in secrets
+    ]
+
+
+def secret_problems(secrets: list[SecretRequest], env: dict[str, str]) -> dict[str, list[str]]:
+    """Per field (``container.secrets.<i>.<part>``), what is wrong with the secrets asked for, as a list: names
+    and variables by the wire's patterns, a variable of the runtime's own or one ``container.env`` sets too, and
+    a secret or a variable named twice. Whether the project has them is the booking's to check."""
+    fields: dict[str, list[str]] = {}
+    if len(secrets) > MAX_SECRETS:
+        return {"container.secrets": [f"Ensure this field has no more than {MAX_SECRETS} elements."]}
+    names: dict[str, int] = {}
+    variables: dict[str, int] = {}
+    for i, secret in enumerate(secrets):
+        at = f"container.secrets.{i}"
+        if not isinstance(secret.name, str) or not _ENV_NAME_RE.fullmatch(secret.name) or len(secret.name) > 63:
+            fields[f"{at}.name"] = ["A secret's name: letters, digits and _, not starting with a digit (at most 63)."]
+        elif secret.name in names:
+            fields[f"{at}.name"] = [
+                f"The secret {secret.name} is asked for already (container.secrets.{names[secret.name]})."
+            ]
+        else:
+            names[secret.name] = i
+        if secret.env is None and not secret.file:
+            fields[f"{at}.env"] = ["A secret goes to a variable (env), a file (file: true), or both."]
+        if secret.env is not None:
+            if not isinstance(secret.env, str) or not _ENV_NAME_RE.fullmatch(secret.env) or len(secret.env) > 255:
+                fields[f"{at}.env"] = ["Not a valid variable name: letters, digits and _, not starting with a digit."]
+            elif (problem := runtime_env_problem(secret.env)) is not None:
+                fields[f"{at}.env"] = [problem]
+            elif secret.env in env:
+                fields[f"{at}.env"] = [f"container.env sets {secret.env} too; give one of them another name."]
+            elif secret.env in variables:
+                fields[f"{at}.env"] = [
+                    f"The variable {secret.env} is taken by container.secrets.{variables[secret.env]}."
+                ]
+            else:
+                variables[secret.env] = i
+    return fields
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     image: str
@@ -184,6 +265,7 @@ class ContainerSpec:
     env: dict[str, str] = field(default_factory=dict)
     volumes: list[MountRequest] = field(default_factory=list)
     network: str = NetworkMode.NONE
+    secrets: list[SecretRequest] = field(default_factory=list)
 
     def validate(self) -> None:
         fields: dict[str, list[str]] = {}
@@ -192,12 +274,15 @@ class ContainerSpec:
         fields.update(mount_problems(list(self.volumes)))
         if not self.image or not self.image.strip():
             fields["container.image"] = ["This field is required."]
+        elif (problem := image_problem(self.image.strip())) is not None:
+            fields["container.image"] = [problem]
         if not isinstance(self.command, list) or not all(isinstance(part, str) for part in self.command):
             fields["container.command"] = ["Must be a list of strings."]
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):
             fields["container.env"] = ["Must be a map of strings to strings."]
+        fields.update(secret_problems(list(self.secrets), self.env if isinstance(self.env, dict) else {}))
         if fields:
             raise ValidationFailed(_sentence(fields), fields=fields)
 

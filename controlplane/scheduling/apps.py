@@ -20,3 +20,8 @@ class SchedulingConfig(AppConfig):
 
         hooks.register_on_finished(_on_reservation_finished)
         hooks.register_on_yielded(on_reservation_yielded)
+        # A secret a queued request asks for is not deleted (docs/images.md).
+        from controlplane.scheduling.services import requests_asking_secret
+        from controlplane.vault.services import register_secret_users
+
+        register_secret_users(requests_asking_secret)

@@ -27,11 +27,12 @@ from controlplane.ledger.services import QuotaNeed, actor_label_for, check_quota
 from controlplane.reservations import capacity, costs
 from controlplane.reservations.selectors import spec_q as _spec_q
 from controlplane.reservations.services import reservation_create
-from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest, Window
+from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest, Window, secrets_from_stored
 from controlplane.scheduling import preemption
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
 from controlplane.scheduling.order import Entry, Shadow, iso, ordered_queue, shadow
+from controlplane.vault import services as vault
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +81,14 @@ def container_to_json(container: ContainerSpec) -> dict[str, Any]:
             {"kind": m.kind, "name": m.name, "path": m.path, "read_only": m.read_only} for m in container.volumes
         ],
         "network": container.network,
+        "secrets": [secret.stored() for secret in container.secrets],
     }
 
 
 def container_of(request: QueuedRequest) -> ContainerSpec:
     data = dict(request.container)
     data["volumes"] = [MountRequest(**m) for m in data.get("volumes", [])]
+    data["secrets"] = secrets_from_stored(list(data.get("secrets", [])))
     return ContainerSpec(**data)
 
 
@@ -150,6 +153,9 @@ def request_submit(
         raise ValidationFailed("name: This field is required.", fields={"name": ["This field is required."]})
     spec.validate()
     container.validate()
+    missing = vault.missing_secrets(project=project, names=[s.name for s in container.secrets])
+    if missing:
+        raise ValidationFailed("; ".join(f"{k}: {v[0]}" for k, v in missing.items()), fields=missing)
     if duration <= timedelta(0):
         raise ValidationFailed(
             "duration: must be longer than zero.", fields={"duration": ["Must be longer than zero."]}
@@ -469,3 +475,15 @@ def request_set_class(
     transaction.on_commit(trigger_pass)
     current.refresh_from_db()
     return current
+
+
+def requests_asking_secret(project_id: int, name: str) -> list[str]:
+    """The project's queued or held requests whose container asks for the secret ``name`` (their ids)."""
+    waiting = QueuedRequest.objects.filter(
+        project_id=project_id, state__in=[RequestState.QUEUED, RequestState.HELD]
+    ).values_list("public_id", "container")
+    return [
+        f"queued request {public_id}"
+        for public_id, container in waiting
+        if any(s.get("name") == name for s in (container or {}).get("secrets", []))
+    ]

@@ -24,8 +24,16 @@ from controlplane.reservations.api.fields import (
 from controlplane.reservations.choices import NetworkMode
 from controlplane.reservations.costs import cost_for
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
-from controlplane.reservations.specs import MIG_PROFILE_RE, START_SKEW, ContainerSpec, GpuSpec, MountRequest, Window
-from nodeagent.schema import MAX_VOLUMES
+from controlplane.reservations.specs import (
+    MIG_PROFILE_RE,
+    START_SKEW,
+    ContainerSpec,
+    GpuSpec,
+    MountRequest,
+    SecretRequest,
+    Window,
+)
+from nodeagent.schema import MAX_SECRETS, MAX_VOLUMES
 
 # Bounds of a booking request and of a queued one (scheduling/api), read by the serializers below and only
 # there. The container's are the agent's own (nodeagent/schema.py, DesiredContainer): a booking the agent
@@ -222,8 +230,30 @@ def mount_from(data: dict[str, Any]) -> MountRequest:
     return MountRequest(kind=kind, name=data[kind], path=data.get("path"), read_only=data.get("read_only"))
 
 
+class SecretRequestSerializer(serializers.Serializer):
+    """One project secret the container gets, by name (docs/images.md). The names and variables are judged by
+    the booking (specs.secret_problems); whether the project has the secret, under its lock."""
+
+    name = StrictStringField(max_length=63, trim_whitespace=False, help_text="A secret of the booking's project.")
+    env = StrictStringField(
+        max_length=255,
+        required=False,
+        allow_null=True,
+        trim_whitespace=False,
+        help_text="The variable it is set as. Neither env nor file: the variable of the secret's own name.",
+    )
+    file = StrictBooleanField(required=False, help_text="Also (or only) as the file /run/secrets/<name>, mode 0400.")
+
+
+def secret_from(data: dict[str, Any]) -> SecretRequest:
+    return SecretRequest.of(data["name"], data.get("env"), data.get("file"))
+
+
 class ContainerSerializer(serializers.Serializer):
-    image = serializers.CharField(max_length=_IMAGE_MAX)
+    image = serializers.CharField(
+        max_length=_IMAGE_MAX,
+        help_text="An image reference, [registry[:port]/]path[:tag][@sha256:digest], as docker pull takes it.",
+    )
     command = serializers.ListField(
         child=StrictStringField(allow_blank=True, trim_whitespace=False, max_length=_ARG_MAX),
         required=False,
@@ -243,6 +273,13 @@ class ContainerSerializer(serializers.Serializer):
         default=NetworkMode.NONE,
         help_text='"egress": the Docker network an operator allows the project; "none": loopback only.',
     )
+    secrets = serializers.ListField(
+        child=SecretRequestSerializer(),
+        required=False,
+        default=list,
+        max_length=MAX_SECRETS,
+        help_text="Project secrets the container gets, as variables or files; values never appear in an answer.",
+    )
 
 
 def container_from(data: dict[str, Any]) -> ContainerSpec:
@@ -252,6 +289,7 @@ def container_from(data: dict[str, Any]) -> ContainerSpec:
         env=data["env"],
         volumes=[mount_from(m) for m in data["volumes"]],
         network=data["network"],
+        secrets=[secret_from(x) for x in data.get("secrets", [])],
     )
 
 
@@ -376,7 +414,8 @@ class ExtendRefusalSerializer(serializers.Serializer):
 
 WARNINGS_HELP = (
     "What the booking or extension was told and let through: a budget past its cap whose action is warn "
-    "(code budget_exceeded, message, budget, spent, needed, available, period)."
+    "(code budget_exceeded, message, budget, spent, needed, available, period); an image the registry could not "
+    "be asked about (code image_not_checked, message, image, registry)."
 )
 
 
@@ -405,6 +444,12 @@ class SpecOutSerializer(serializers.Serializer):
 
     def get_mig_profile(self, reservation: Reservation) -> str | None:
         return reservation.mig_profile or None
+
+
+class SecretOutSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    env = serializers.CharField(allow_null=True)
+    file = serializers.BooleanField()
 
 
 class MountOutSerializer(serializers.Serializer):
@@ -450,6 +495,9 @@ class CostSerializer(serializers.Serializer):
 class ReservationSerializer(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id", read_only=True)
     volumes = MountOutSerializer(many=True, read_only=True, help_text="The mounts as resolved at booking.")
+    secrets = SecretOutSerializer(
+        many=True, read_only=True, help_text="The project secrets it gets, by name (values are never shown)."
+    )
     project: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     spec = SpecOutSerializer(source="*", read_only=True)
@@ -478,6 +526,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "env",
             "volumes",
             "network",
+            "secrets",
             "created_by",
             "created_at",
             "updated_at",
@@ -611,6 +660,7 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
         "env": reservation.env,
         "volumes": reservation.volumes,
         "network": str(reservation.network),
+        "secrets": reservation.secrets,
         "created_by": None if creator is None else str(creator.username),
         "created_at": _at(reservation.created_at),
         "updated_at": _at(reservation.updated_at),

@@ -31,6 +31,7 @@ from controlplane.reservations.costs import with_charges
 from controlplane.reservations.filters import ReservationFilter
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.selectors import booking_target, reservations_visible_to
+from controlplane.vault.registry import check_image
 
 
 def _require_booking_role(user: Any, project_id: int) -> None:
@@ -89,7 +90,10 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         summary="Book GPUs for a window",
         description="Places the request, checks the project's quota and holds its credits, all or "
         "nothing. 409 `no_capacity`/`gpu_taken` when the GPUs are not free, 409 "
-        "`quota_exceeded` naming the quota, the need and what is left.",
+        "`quota_exceeded` naming the quota, the need and what is left. The image is checked at its registry "
+        "with the project's credentials where the installation verifies images: 400 naming `container.image` "
+        "when it is not found or the credentials are refused, a warning `image_not_checked` when the registry "
+        "cannot be reached (docs/images.md).",
     )
     def create(self, request: Request) -> Response:
         data: Any = request.data
@@ -114,7 +118,12 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             args = read_booking(data, projects=projects_visible_to(request.user))
         else:
             args = read_booking(data, project=target.project, gpu_model=target.gpu_model)
+        # The image: syntax and the allow-list, then (IMAGES_CHECK_AT_BOOKING "verify") a manifest request with the
+        # project's credentials, before any lock is taken; a registry that does not answer is a warning.
+        image_warnings = check_image(project=args["project"], image=args["container"].image.strip())
         reservation = services.reservation_create(actor=request.user, **args)
+        if image_warnings:
+            reservation.warnings = [*image_warnings, *getattr(reservation, "warnings", [])]  # type: ignore[attr-defined]
         # The service hands back the reservation with its allocations and events: no need to read it again.
         return Response(reservation_detail(reservation), status=status.HTTP_201_CREATED)
 

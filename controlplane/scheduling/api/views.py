@@ -34,6 +34,7 @@ from controlplane.scheduling.selectors import (
     project_fair_share,
     requests_visible_to,
 )
+from controlplane.vault.registry import check_image
 
 _ROLE = "Queueing needs the owner or member role in the project."
 
@@ -110,7 +111,10 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
                 raise PermissionDenied(_ROLE)
         serializer = QueuedRequestCreateSerializer(data=data, projects=projects)
         serializer.is_valid(raise_exception=True)
-        queued = services.request_submit(actor=request.user, **serializer.to_domain())
+        args = serializer.to_domain()
+        # The image as a booking checks it (docs/images.md); a registry that cannot be reached lets it queue.
+        check_image(project=args["project"], image=args["container"].image.strip())
+        queued = services.request_submit(actor=request.user, **args)
         return self._detail(queued.pk, status.HTTP_201_CREATED)
 
     @extend_schema(
