@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from nodeagent.schema import AuthorizedKey, RegistryAuth, VolumeMount
+from nodeagent.schema import AuthorizedKey, VolumeMount
 
 AuthorizedKeysReader = Callable[[Collection[int]], dict[int, list[AuthorizedKey]]]
 
@@ -47,21 +47,3 @@ def container_mounts(reservations: Sequence[Any]) -> dict[int, tuple[list[Volume
     if _container_mounts is None or not wanted:
         return {}
     return _container_mounts(wanted)
-
-
-# The registry credentials each (project id, image) pulls with (docs/images.md): the vault app reads and decrypts
-# them. Without it, none: public images still pull.
-RegistryAuthsReader = Callable[[Collection[tuple[int, str]]], dict[tuple[int, str], RegistryAuth]]
-_registry_auths: RegistryAuthsReader | None = None
-
-
-def register_registry_auths(reader: RegistryAuthsReader) -> None:
-    global _registry_auths
-    _registry_auths = reader
-
-
-def registry_auths(pairs: Collection[tuple[int, str]]) -> dict[tuple[int, str], RegistryAuth]:
-    """Per (project id, image reference): the project's credentials for the image's registry, where it has some."""
-    if _registry_auths is None or not pairs:
-        return {}
-    return _registry_auths(pairs)

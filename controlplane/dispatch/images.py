@@ -20,12 +20,12 @@ from typing import Any
 
 from django.conf import settings
 
-from controlplane.dispatch import hooks
 from controlplane.dispatch.models import ImagePull
 from controlplane.inventory.models import Server
 from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Reservation
 from controlplane.reservations.services import reservation_mark
+from controlplane.vault.services import registry_auths_for
 from nodeagent import schema
 
 ACTOR = "system:images"
@@ -54,7 +54,7 @@ def prepull_for(*, server: Server, now: datetime) -> list[schema.PrePull]:
         ids, _first = wanted.setdefault((image, project_id), ([], starts_at))
         if len(ids) < schema.MAX_PREPULLS:
             ids.append(str(public_id))
-    auths = hooks.registry_auths({(project_id, image) for image, project_id in wanted})
+    auths = registry_auths_for({(project_id, image) for image, project_id in wanted})
     pulls = [
         schema.PrePull(image=image, registry_auth=auths.get((project_id, image)), reservations=ids, needed_at=needed_at)
         for (image, project_id), (ids, needed_at) in wanted.items()

@@ -10,7 +10,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from controlplane.dispatch import hooks, images, reports
+from controlplane.dispatch import images, reports
 from controlplane.dispatch.models import ImagePull, Launch
 from controlplane.notifications.choices import EventType
 from controlplane.notifications.models import Event
@@ -57,25 +57,21 @@ def test_a_server_is_told_the_images_of_its_windows_opening_within_the_lead() ->
     assert any(str(later.public_id) in p.reservations for p in later_pulls)
 
 
-def test_each_project_pulls_with_its_own_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_project_pulls_with_its_own_credentials(django_assert_max_num_queries) -> None:  # type: ignore[no-untyped-def]
+    from controlplane.vault import services as vault
+
     h100 = gpu_model()
     srv = server(h100, gpus=2)
     a, b = project(), project()
     now = timezone.now()
     ra = book(a, h100, count=1, start_in=300, now=now)
     rb = book(b, h100, count=1, start_in=300, now=now)
-    auth = schema.RegistryAuth(registry="docker.io", username="a-bot", password="a-secret")
-    asked: list[set[tuple[int, str]]] = []
-
-    def reader(pairs):  # type: ignore[no-untyped-def]
-        asked.append(set(pairs))
-        return {(a.pk, IMAGE): auth}
-
-    monkeypatch.setattr(hooks, "_registry_auths", reader)
-    pulls = {tuple(p.reservations): p for p in images.prepull_for(server=srv, now=now)}
-    assert pulls[(str(ra.public_id),)].registry_auth == auth
+    vault.registry_set(project=a, registry="docker.io", username="a-bot", password="a-secret", actor=None)
+    with django_assert_max_num_queries(2):  # the reservations, then every project's credentials at once
+        pulls = {tuple(p.reservations): p for p in images.prepull_for(server=srv, now=now)}
+    auth = pulls[(str(ra.public_id),)].registry_auth
+    assert auth is not None and (auth.registry, auth.username, auth.password) == ("docker.io", "a-bot", "a-secret")
     assert pulls[(str(rb.public_id),)].registry_auth is None
-    assert asked == [{(a.pk, IMAGE), (b.pk, IMAGE)}]  # one read for the whole answer
     assert "a-secret" not in repr(pulls)
 
 
