@@ -100,6 +100,8 @@ class Launch:
     warned_for: str | None = None
     stop_deadline: datetime | None = None
     killed: bool = False
+    # The CPUs picked for its share of the host (``resources.cpus``); None when it has no share.
+    cpuset: str | None = None
     terminal_reports: int = 0
     final: schema.ContainerReport | None = None
     removed: bool = False
@@ -111,8 +113,6 @@ class Launch:
     # The control plane would place it elsewhere were this node lost (``DesiredContainer.replaceable``): fenced at
     # the lease. From the desired state, or from the container's label once adopted.
     replaceable: bool = False
-    # The CPUs picked for its share of the host (``resources.cpus``); None when it has no share.
-    cpuset: str | None = None
 
     @property
     def status(self) -> str | None:
