@@ -66,7 +66,9 @@ def container_of(docker_client, node: str, launch_id: str):  # type: ignore[no-u
 
 def running_output(container, needle: str) -> str:  # type: ignore[no-untyped-def]
     return wait_for(
-        lambda: (out := container.logs().decode()) and needle in out and out, what=f"{needle!r} in the output"
+        lambda: (out := container.logs().decode()) and needle in out and out,
+        what=f"{needle!r} in the output",
+        timeout=30.0,  # a loaded engine may take a while to start it
     )
 
 
@@ -267,7 +269,9 @@ def test_a_container_killed_for_its_memory_is_reported_out_of_memory(make_runtim
     runtime.reconcile([spec], [], T0)
 
     report = wait_for(
-        lambda: (r := report_for(runtime, spec.launch_id)).state == "exited" and r, what="the container's exit"
+        lambda: (r := report_for(runtime, spec.launch_id)).state == "exited" and r,
+        what="the container's exit",
+        timeout=30.0,
     )
     assert report.oom_killed is True
     assert report.exit_code == 137
@@ -298,7 +302,9 @@ def test_a_job_whose_child_was_killed_for_memory_says_so_even_when_it_exits_clea
     runtime.reconcile([spec], [], T0)
 
     report = wait_for(
-        lambda: (r := report_for(runtime, spec.launch_id)).state == "exited" and r, what="the container's exit"
+        lambda: (r := report_for(runtime, spec.launch_id)).state == "exited" and r,
+        what="the container's exit",
+        timeout=30.0,
     )
     assert report.exit_code == 0
     assert report.oom_killed is True
@@ -312,6 +318,8 @@ def test_a_clean_exit_is_not_out_of_memory(make_runtime, make_desired, docker_cl
     spec = make_desired(memory_limit_mib=32, command=["sh", "-c", "head -c 1000000 /dev/zero | wc -c"])
     runtime.reconcile([spec], [], T0 + timedelta(seconds=1))
     report = wait_for(
-        lambda: (r := report_for(runtime, spec.launch_id)).state == "exited" and r, what="the container's exit"
+        lambda: (r := report_for(runtime, spec.launch_id)).state == "exited" and r,
+        what="the container's exit",
+        timeout=30.0,
     )
     assert report.exit_code == 0 and report.oom_killed is False and report.error is None
