@@ -155,7 +155,8 @@ class AgentState:
             return None
 
     def save_desired(self, text: str) -> None:
-        # Mode 0600 like the credential: a launch's environment may hold the project's secrets.
+        # Mode 0600 like the credential, in the agent's 0700 directory: a launch carries its project's secrets and
+        # registry credentials.
         self._write("desired.json", text)
 
     @staticmethod
@@ -164,6 +165,10 @@ class AgentState:
 
     def _write(self, name: str, text: str) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The directory too is the agent's alone (0700), whoever created it first (the container runtime's and the
+        # journal's directories live in it): the desired state it holds carries the launches' secrets.
+        if self.directory.stat().st_mode & 0o077:
+            os.chmod(self.directory, 0o700)
         tmp = self.directory / f".{name}.tmp"
         # Created 0600 from the start: the secret is never readable by others, not even for a moment.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

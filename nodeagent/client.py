@@ -133,9 +133,13 @@ class ControlPlaneClient:
             raise Rejected(response.status_code, _error_message(response))
         try:
             return reply.model_validate(response.json())
-        except (ValueError, ValidationError) as exc:
+        except ValidationError as exc:
             # A control plane mid-upgrade may answer in a newer schema; retrying is right, dropping data is not.
-            raise Unreachable(f"{url}: the reply is not a valid {reply.__name__}: {exc}") from exc
+            # Said without the input: a reply carries secrets and registry credentials (pydantic's own text
+            # quotes what it refused), so neither this message nor its cause holds a value.
+            raise Unreachable(f"{url}: the reply is not a valid {reply.__name__}: {validation_problems(exc)}") from None
+        except ValueError as exc:
+            raise Unreachable(f"{url}: the reply is not JSON: {exc.__class__.__name__}") from None
 
 
 class Backoff:
@@ -155,3 +159,13 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+def validation_problems(exc: ValidationError, *, limit: int = 5) -> str:
+    """Where a document broke the schema and why, never what it held there."""
+    problems = [
+        f"{'.'.join(str(part) for part in error.get('loc', ())) or '(the document)'}: {error.get('msg')}"
+        for error in exc.errors(include_input=False, include_url=False)
+    ]
+    more = f" (and {len(problems) - limit} more)" if len(problems) > limit else ""
+    return "; ".join(problems[:limit]) + more

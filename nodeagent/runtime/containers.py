@@ -19,6 +19,7 @@ from docker.types import Mount
 from requests.exceptions import RequestException
 
 from nodeagent import schema
+from nodeagent.runtime import resources, secrets
 from nodeagent.runtime.devices import AmdDevices
 
 LABEL_LAUNCH = "gpucp.launch_id"
@@ -30,6 +31,8 @@ LABEL_GRACE = "gpucp.stop_grace_s"
 LABEL_NODE = "gpucp.node"
 # Present ("true") on a replaceable launch's container: fenced at the lease, and run under the lease watchdog.
 LABEL_REPLACEABLE = "gpucp.replaceable"
+# The CPUs a launch with a CPU share (``resources.cpus``) was pinned to: held apart from later launches' picks.
+LABEL_CPUSET = "gpucp.cpuset"
 
 MOUNT_POINT = "/run/gpucp"
 WARN_FILE = f"{MOUNT_POINT}/warning"
@@ -97,6 +100,8 @@ class Launch:
     warned_for: str | None = None
     stop_deadline: datetime | None = None
     killed: bool = False
+    # The CPUs picked for its share of the host (``resources.cpus``); None when it has no share.
+    cpuset: str | None = None
     terminal_reports: int = 0
     final: schema.ContainerReport | None = None
     removed: bool = False
@@ -128,12 +133,18 @@ def create_args(
     nvidia_runtime: bool,
     mounts: Sequence[Mount] = (),
     amd: AmdDevices | None = None,
+    secret_files: Path | None = None,
 ) -> dict[str, Any]:
-    """The ``containers.create`` arguments for a launch: its GPUs and nothing else, its labels, its limits, its
-    volume and dataset mounts (checked by ``nodeagent.runtime.mounts``) and its ``network_mode``. ``amd``: the
-    launch's GPUs are AMD's, and these are their device nodes (``nodeagent.runtime.devices``)."""
+    """The ``containers.create`` arguments for a launch: its GPUs and nothing else, its labels, its limits and
+    resources (``nodeagent.runtime.resources``), its volume and dataset mounts (checked by
+    ``nodeagent.runtime.mounts``), its secrets (``nodeagent.runtime.secrets``, checked before) and its
+    ``network_mode``. ``amd``: the launch's GPUs are AMD's, and these are their device nodes
+    (``nodeagent.runtime.devices``). ``secret_files``: the host directory mounted at ``/run/secrets``."""
     gpus = ",".join(spec.gpu_uuids)
     env = dict(spec.env)
+    # Secrets after the tenant's env (a secret wins over a plain variable of the same name); they never name the
+    # runtime's own variables (``secrets.check``), which come last anyway.
+    env.update(secrets.env_of(spec))
     # Ours last: a tenant's env must not widen the GPUs it sees or fake its window.
     env.update(
         {
@@ -145,6 +156,7 @@ def create_args(
         }
     )
     memory = spec.memory_limit_mib if spec.memory_limit_mib is not None else default_memory_limit_mib
+    share = cpuset if cpuset and spec.resources is not None and spec.resources.cpus else None
     pids = spec.pids_limit if spec.pids_limit is not None else default_pids_limit
     args: dict[str, Any] = {
         "image": spec.image,
@@ -160,17 +172,21 @@ def create_args(
             LABEL_GRACE: str(spec.stop_grace_s),
             LABEL_NODE: node,
             **({LABEL_REPLACEABLE: "true"} if spec.replaceable else {}),
+            **({LABEL_CPUSET: share} if share else {}),
         },
         "environment": env,
         "privileged": False,
         "security_opt": ["no-new-privileges"],
         "network_mode": network_mode,
-        "volumes": {str(mount_dir): {"bind": MOUNT_POINT, "mode": "ro"}},
+        "volumes": {
+            str(mount_dir): {"bind": MOUNT_POINT, "mode": "ro"},
+            **({str(secret_files): {"bind": secrets.SECRETS_MOUNT, "mode": "ro"}} if secret_files else {}),
+        },
     }
     if mounts:
         args["mounts"] = list(mounts)
-    if memory:
-        args["mem_limit"] = f"{memory}m"
+    args.update(resources.memory_args(memory))
+    args.update(resources.resource_args(spec.resources))
     if pids:
         args["pids_limit"] = pids
     if cpuset:
@@ -228,7 +244,12 @@ def launch_report(launch: Launch) -> schema.ContainerReport | None:
         state = "stopping"
     else:
         state = "running"
-    error = launch.final_failure or (state_info.get("Error") or None)
+    oom = finished and launch.final_failure is None and bool(state_info.get("OOMKilled"))
+    if oom:
+        # The kernel killed a process of the container for its memory limit: say so, with the limit.
+        error: str | None = resources.oom_message(container.attrs.get("HostConfig", {}).get("Memory"))
+    else:
+        error = launch.final_failure or (state_info.get("Error") or None)
     return report(
         state,
         container_id=container.id,
@@ -237,6 +258,7 @@ def launch_report(launch: Launch) -> schema.ContainerReport | None:
         exit_code=state_info.get("ExitCode") if finished else None,
         error=error[:ERROR_CHARS] if error else None,
         log_tail=log_tail(container) if state in ("exited", "failed") else None,
+        oom_killed=oom,
     )
 
 

@@ -37,9 +37,10 @@ from docker.models.containers import Container
 from requests.exceptions import RequestException
 
 from nodeagent import schema
-from nodeagent.runtime import watchdog
+from nodeagent.runtime import resources, secrets, watchdog
 from nodeagent.runtime.containers import (
     ERROR_CHARS,
+    LABEL_CPUSET,
     LABEL_GPUS,
     LABEL_GRACE,
     LABEL_LAUNCH,
@@ -139,6 +140,7 @@ class DockerRuntime:
         # hand, was stopped by its watchdog.
         self._lease_deadline = watchdog.read_deadline(self.lease_dir)
         self.numa_cpus = dict(numa_cpus or {})
+        self._all_cpus: list[int] | None = None
         self._gpu_numa = gpu_numa
         # uuid -> vendor and PCI bus, so an AMD launch gets its render nodes; None: every GPU is NVIDIA's.
         self._gpu_info = gpu_info
@@ -443,6 +445,7 @@ class DockerRuntime:
             with contextlib.suppress(ValueError):
                 launch.stop_grace_s = int(labels.get(LABEL_GRACE, "30"))
             launch.replaceable = labels.get(LABEL_REPLACEABLE) == "true"
+            launch.cpuset = labels.get(LABEL_CPUSET) or None
             directory = self._dir(launch_id)
             with contextlib.suppress(OSError):
                 launch.warned_for = (directory / "warned").read_text().strip() or None
@@ -497,6 +500,8 @@ class DockerRuntime:
             launch.blocked = f"GPU {gpu} is already bound to launch {other}"
             return None
         launch.blocked = None
+        # Here, in the reconciling thread: two launches created at once never pick the same CPUs.
+        launch.cpuset = self._pick_cpuset(spec)
         mount_dir = self._dir(spec.launch_id) / "mount"
         mount_dir.mkdir(parents=True, exist_ok=True)
         # The job may run as any user; it must be able to read the warning file.
@@ -604,6 +609,9 @@ class DockerRuntime:
         return watchdog.wrap(args, spec, image_config=config, lease=self.lease_dir, busybox=self.busybox)
 
     def _plain_create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
+        secrets.check(spec)
+        launch = self._launches.get(spec.launch_id)
+        share = launch.cpuset if launch is not None and self._has_cpu_share(spec) else None
         return create_args(
             spec,
             node=self.node,
@@ -611,10 +619,11 @@ class DockerRuntime:
             network_mode=network_for(spec, self.client, self.network_mode),
             default_memory_limit_mib=self.default_memory_limit_mib,
             default_pids_limit=self.default_pids_limit,
-            cpuset=self.cpuset_for(spec.gpu_uuids),
+            cpuset=share or self.cpuset_for(spec.gpu_uuids),
             nvidia_runtime=self.nvidia_runtime,
             mounts=mounts_for(spec, self.volumes),
             amd=self.amd_devices_for(spec.gpu_uuids),
+            secret_files=secrets.prepare_files(mount_dir.parent, spec),
         )
 
     def amd_devices_for(self, gpu_uuids: Iterable[str]) -> AmdDevices | None:
@@ -643,6 +652,55 @@ class DockerRuntime:
             return None
         return ",".join(self.numa_cpus[str(n)] for n in sorted(nodes))
 
+    @staticmethod
+    def _has_cpu_share(spec: schema.DesiredContainer) -> bool:
+        return spec.resources is not None and spec.resources.cpus is not None
+
+    def _pick_cpuset(self, spec: schema.DesiredContainer) -> str | None:
+        """The CPUs of a launch with a CPU share (``resources.cpus``): on its GPUs' NUMA nodes, apart from the
+        CPUs of this runtime's other live containers where there are enough (``resources.pick_cpus``)."""
+        if spec.resources is None or spec.resources.cpus is None:
+            return None
+        all_cpus = self._host_cpus()
+        local = self.cpuset_for(spec.gpu_uuids)
+        taken = resources.taken_cpus(
+            other.cpuset
+            for other in self._launches.values()
+            if other.launch_id != spec.launch_id and (other.status in LIVE_STATES or other.launch_id in self._ops)
+        )
+        picked = resources.pick_cpus(
+            spec.resources.cpus,
+            local=None if local is None else resources.parse_cpulist(local),
+            all_cpus=all_cpus,
+            taken=taken,
+        )
+        cpuset = resources.format_cpulist(picked)
+        shared = sorted(cpu for cpu in picked if taken.get(cpu))
+        log.info(
+            "launch %s: %d CPUs (%s) %s%s",
+            spec.launch_id,
+            len(picked),
+            cpuset,
+            "on its GPUs' NUMA nodes" if local is not None else "(its GPUs' NUMA nodes are unknown)",
+            f", sharing {resources.format_cpulist(shared)} with other containers" if shared else "",
+        )
+        return cpuset or None
+
+    def _host_cpus(self) -> list[int]:
+        """Every CPU the containers may be pinned to: those of the NUMA nodes when known, else the engine's."""
+        if self._all_cpus is None:
+            cpus: set[int] = set()
+            for text in self.numa_cpus.values():
+                with contextlib.suppress(ValueError):
+                    cpus.update(resources.parse_cpulist(text))
+            if not cpus:
+                count = 0
+                with contextlib.suppress(DockerException, RequestException, TypeError, ValueError):
+                    count = int(self.client.info().get("NCPU") or 0)
+                cpus = set(range(count or os.cpu_count() or 1))
+            self._all_cpus = sorted(cpus)
+        return self._all_cpus
+
     def _numa_of(self, uuid: str) -> int | None:
         if self._gpu_numa is None:
             return None
@@ -663,6 +721,8 @@ class DockerRuntime:
         return None
 
     def _fail(self, launch: Launch, reason: str) -> None:
+        if launch.desired is not None:
+            reason = secrets.redact(reason, launch.desired.secrets)  # the engine's words, never a value
         log.warning("launch %s failed: %s", launch.launch_id, reason)
         launch.final_failure = reason[:ERROR_CHARS]
 

@@ -109,3 +109,44 @@ def test_backoff_grows_exponentially_with_jitter_up_to_a_cap():
     assert [high.failure() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     high.reset()
     assert high.failure() == 1
+
+
+SECRET_FOR_TESTS = "hf_client-secret-for-tests-1234"
+
+
+@pytest.mark.parametrize(
+    ("breakage", "where"),
+    [
+        # A secret going nowhere (neither env nor file): refused as a whole, its value with it.
+        ({"secrets": [{"name": "hf", "value": SECRET_FOR_TESTS}]}, "desired.0.secrets.0: "),
+        # An egress container without its network's name: the whole container is refused, secrets and all.
+        (
+            {"network": "egress", "secrets": [{"name": "hf", "value": SECRET_FOR_TESTS, "file": True}]},
+            "desired.0: ",
+        ),
+    ],
+)
+def test_a_reply_that_breaks_the_schema_is_said_without_what_it_held(
+    control_plane: ControlPlaneDouble, breakage: dict[str, object], where: str
+):
+    # A reply's desired state carries secrets and registry passwords: pydantic's own text quotes what it refused.
+    container = {
+        "launch_id": "l-1",
+        "reservation": "r-1",
+        "project": "p",
+        "image": "busybox",
+        "gpu_uuids": ["GPU-1"],
+        "window_start": "2030-01-01T00:00:00Z",
+        "window_end": "2030-01-01T01:00:00Z",
+        "registry_auth": {"registry": "r.example", "username": "u", "password": SECRET_FOR_TESTS},
+        **breakage,
+    }
+    control_plane.script.append(
+        (200, {"server": "n", "server_state": "ready", "heartbeat_interval_s": 5, "desired": [container]})
+    )
+    with pytest.raises(Unreachable) as caught:
+        ControlPlaneClient(control_plane.url).heartbeat(control_plane.credential, heartbeat())
+    message = str(caught.value)
+    assert where in message
+    assert SECRET_FOR_TESTS not in message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # never printed with it
