@@ -528,6 +528,16 @@ SecretName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-
 EnvName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 # Where secrets meant as files appear in the container: one file per secret, named after it.
 SECRETS_DIR = "/run/secrets"
+# The runtime's own variables: the GPUs the container sees and what the agent tells the job. A secret never sets
+# them: the control plane refuses such a booking, the agent such a launch (the tenant's plain env may try; the
+# runtime's values are set after it and win).
+RUNTIME_ENV_NAMES = frozenset({"NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"})
+RUNTIME_ENV_PREFIX = "GPUCP_"
+
+
+def runtime_env(name: str) -> bool:
+    """Whether ``name`` is one of the runtime's own variables."""
+    return name in RUNTIME_ENV_NAMES or name.startswith(RUNTIME_ENV_PREFIX)
 
 
 class RegistryAuth(Strict):
@@ -570,7 +580,8 @@ class ContainerResources(Strict):
     "Resources"): computed by the control plane, applied by the agent."""
 
     # Host CPUs (whole cores) the container is pinned to; the agent picks them on its GPUs' NUMA nodes, apart from
-    # the CPUs of its other containers where it can. None: not pinned.
+    # the CPUs of its other containers where it can. None: pinned to its GPUs' NUMA nodes whole when they are known,
+    # else not pinned (as before resources existed).
     cpus: Annotated[int, Field(ge=1, le=4096)] | None = None
     # The size of /dev/shm; None leaves the engine's default (64 MiB, too small for PyTorch's DataLoader).
     shm_size_mib: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None

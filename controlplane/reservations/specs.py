@@ -11,7 +11,7 @@ from django.utils import timezone
 from controlplane.core.errors import ValidationFailed
 from controlplane.reservations.choices import NetworkMode
 from controlplane.vault.registry import image_problem
-from nodeagent.schema import MAX_SECRETS, MAX_VOLUMES, mount_path_problem
+from nodeagent.schema import MAX_SECRETS, MAX_VOLUMES, mount_path_problem, runtime_env
 
 # A client clock a little behind ours must not make "start now" fail.
 START_SKEW = timedelta(minutes=2)
@@ -179,14 +179,12 @@ def mount_problems(volumes: list[MountRequest]) -> dict[str, list[str]]:
 
 
 # -- Secrets a booking asks for (docs/images.md, "Secrets in a booking") -------------------------------------
-# The variables the runtime sets in every container: a secret may not take one of these names.
-RUNTIME_ENV_NAMES = frozenset({"NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"})
-RUNTIME_ENV_PREFIXES = ("GPUCP_",)
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def runtime_env_problem(name: str) -> str | None:
-    if name in RUNTIME_ENV_NAMES or name.startswith(RUNTIME_ENV_PREFIXES):
+    # The variables the runtime sets in every container (the agent's own rule): a secret may not take one.
+    if runtime_env(name):
         return f"{name} is set by the runtime itself; give the secret another variable name."
     return None
 

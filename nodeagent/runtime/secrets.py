@@ -18,10 +18,6 @@ from nodeagent import schema
 from nodeagent.runtime.mounts import LaunchRefused
 
 SECRETS_MOUNT = "/run/secrets"
-# The runtime's own variables: the GPUs the container sees and what the agent tells the job. A secret never sets
-# them (the tenant's plain env may try; the runtime's values are set after it and win).
-RESERVED_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"})
-RESERVED_ENV_PREFIX = "GPUCP_"
 # Values shorter than this are not looked for in the agent's own messages (a one-letter value would mangle them).
 REDACT_MIN_CHARS = 4
 _BARRIER = "secrets"
@@ -33,8 +29,8 @@ class SecretRefused(LaunchRefused):
 
 
 def reserved(name: str) -> bool:
-    """Whether ``name`` is one of the runtime's own variables."""
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX)
+    """Whether ``name`` is one of the runtime's own variables (the one rule: ``schema.runtime_env``)."""
+    return schema.runtime_env(name)
 
 
 def check(spec: schema.DesiredContainer) -> None:
