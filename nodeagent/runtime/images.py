@@ -273,15 +273,15 @@ class ImageCache:
         with self._lock:
             return sum({entry.image_id: entry.size for entry in self._entries.values()}.values())
 
-    def evict(self) -> list[str]:
+    def evict(self, keep: Iterable[str] = ()) -> list[str]:
         """Over the budget: untag the least recently used images this agent pulled until under it, keeping those in
-        use by any container or needed. Returns the images removed."""
+        use by any container, needed, or in ``keep`` (the image a pull just brought). Returns the images removed."""
         if self.budget_bytes is None:
             return []
         with self._lock:
             if self.used_bytes() <= self.budget_bytes:
                 return []
-            needed = set().union(*self._needed.values()) if self._needed else set()
+            needed = set(keep).union(*self._needed.values())
             in_use = {
                 str(c.attrs.get("ImageID") or c.attrs.get("Image") or "")
                 for c in self.client.containers.list(all=True, ignore_removed=True)
@@ -398,7 +398,7 @@ class ImagePuller:
             image, "present", reservations=reservations, digest=result.digest, size_bytes=result.size, progress=last
         )
         with contextlib.suppress(DockerException, RequestException):
-            self.cache.evict()
+            self.cache.evict(keep=[image])
         return result
 
     # -- the pull ------------------------------------------------------------------------------------------
