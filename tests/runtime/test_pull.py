@@ -268,3 +268,42 @@ def test_a_failing_mirror_falls_back_to_the_registry(  # type: ignore[no-untyped
     report = converge(runtime, spec, T0, until=lambda r: r.state == "running")
 
     assert report.image_digest == digest
+
+
+def test_progress_folds_the_engines_lines_into_layers_and_bytes():
+    from nodeagent.runtime.images import Progress
+
+    progress = Progress()
+    for line in [
+        {"status": "Pulling from team/x", "id": "v1"},
+        {"status": "Already exists", "progressDetail": {}, "id": "aaa"},
+        {"status": "Pulling fs layer", "progressDetail": {}, "id": "bbb"},
+        {"status": "Pulling fs layer", "progressDetail": {}, "id": "ccc"},
+        {"status": "Downloading", "progressDetail": {"current": 100, "total": 400}, "id": "bbb"},
+        {"status": "Downloading", "progressDetail": {"current": 50, "total": 100}, "id": "ccc"},
+    ]:
+        progress.feed(line)
+    middle = progress.snapshot()
+    assert (middle.layers_done, middle.layers_total, middle.bytes_done, middle.bytes_total) == (1, 3, 150, 500)
+    for line in [
+        {"status": "Download complete", "progressDetail": {}, "id": "ccc"},
+        {"status": "Pull complete", "progressDetail": {}, "id": "ccc"},
+        {"status": "Pull complete", "progressDetail": {}, "id": "bbb"},
+        {"status": "Digest: sha256:" + "ab" * 32},
+    ]:
+        progress.feed(line)
+    done = progress.snapshot()
+    assert (done.layers_done, done.layers_total, done.bytes_done, done.bytes_total) == (3, 3, 500, 500)
+    assert progress.digest == "sha256:" + "ab" * 32
+
+
+def test_a_failure_reason_never_repeats_the_password():
+    from nodeagent.runtime.images import failure_reason
+
+    reason = failure_reason(
+        'Get "https://u:s3cret-Pa55@registry.example.com/v2/": unauthorized',
+        "registry.example.com/a:b",
+        ["s3cret-Pa55"],
+    )
+    assert reason.startswith("unauthorized: the registry refused the credentials for registry.example.com/a:b")
+    assert "s3cret-Pa55" not in reason
