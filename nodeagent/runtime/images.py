@@ -51,6 +51,8 @@ PULL_STALL_S = 300.0
 PREPULL_RETRY_S = 60.0
 PREPULL_WORKERS = 2
 ERROR_CHARS = 2000
+# The most image reports the board remembers (delivered ones are forgotten first).
+MAX_BOARD = 1024
 CACHE_FILE = "images.json"
 
 _LAYER_SEEN = {"Pulling fs layer", "Waiting", "Downloading", "Verifying Checksum", "Download complete", "Extracting"}
@@ -195,6 +197,11 @@ class ImageBoard:
             report = schema.ImageReport(image=image, state=state, reservations=names, at=self.clock(), **fields)
             self._latest[image] = report
             self._unsent.add(image)
+            if len(self._latest) > MAX_BOARD:
+                # A long-lived agent pulls many images: forget the oldest reports already delivered.
+                delivered = sorted((r.at, name) for name, r in self._latest.items() if name not in self._unsent)
+                for _, name in delivered[: len(self._latest) - MAX_BOARD]:
+                    del self._latest[name]
 
     def get(self, image: str) -> schema.ImageReport | None:
         with self._lock:
