@@ -69,8 +69,14 @@ def remove_image(client: Any, *names: str) -> None:
 
 
 def remove_repository(client: Any, repository: str) -> None:
-    """Remove every local image of ``repository`` (host/path), whatever its tags or digests."""
+    """Remove every local image of ``repository`` (host/path), whatever its tags or digests, and first the
+    containers made from them (the images are each test's own), which would otherwise keep them untagged."""
     for image in client.images.list(name=repository):
+        for container in client.containers.list(all=True, filters={"ancestor": image.id}):
+            try:
+                container.remove(force=True)
+            except APIError:
+                pass
         for tag in image.tags:
             remove_image(client, tag)
         for digest in image.attrs.get("RepoDigests") or []:
