@@ -150,6 +150,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between measurements of the desired volumes' usage (NODEAGENT_VOLUME_MEASURE_S, default 60)",
     )
     run.add_argument(
+        "--registry-mirror",
+        metavar="REGISTRY=HOST",
+        action="append",
+        default=[item for item in (env("NODEAGENT_REGISTRY_MIRRORS") or "").replace(",", " ").split() if item],
+        help="pull REGISTRY's images through the pull-through cache at HOST[:PORT] (e.g. "
+        "docker.io=127.0.0.1:5001), falling back to REGISTRY when it fails; repeatable "
+        "(NODEAGENT_REGISTRY_MIRRORS, comma-separated)",
+    )
+    run.add_argument(
+        "--image-cache-bytes",
+        type=int,
+        default=env("NODEAGENT_IMAGE_CACHE_BYTES") or None,
+        help="disk budget for the images this agent pulled: over it, the least recently used are removed, never one "
+        "in use or needed by an upcoming launch (NODEAGENT_IMAGE_CACHE_BYTES; default none: nothing is removed)",
+    )
+    run.add_argument(
+        "--pull-timeout-s",
+        type=float,
+        default=env("NODEAGENT_PULL_TIMEOUT_S") or 3600.0,
+        help="the longest one image pull may take before it is abandoned (NODEAGENT_PULL_TIMEOUT_S, default 3600)",
+    )
+    run.add_argument(
         "--no-listen",
         action="store_true",
         help="no command listener: launches then wait for the next heartbeat instead of being pushed",
@@ -242,6 +264,9 @@ def make_runtime(
     gpu_numa: Callable[[str], int | None],
     volumes: VolumeStore | None = None,
     gpu_info: Callable[[str], GpuInfo | None] | None = None,
+    registry_mirrors: dict[str, str] | None = None,
+    image_cache_bytes: int | None = None,
+    pull_timeout_s: float | None = None,
 ) -> ContainerRuntime:
     if kind == "none":
         return NullRuntime()
@@ -257,6 +282,9 @@ def make_runtime(
             gpu_numa=gpu_numa,
             volumes=volumes,
             gpu_info=gpu_info,
+            registry_mirrors=registry_mirrors,
+            image_cache_bytes=image_cache_bytes,
+            **({"pull_timeout_s": pull_timeout_s} if pull_timeout_s is not None else {}),
         )
     except Exception as exc:  # docker.errors.DockerException and friends: say it plainly
         raise BackendUnavailable(f"cannot reach the Docker engine ({exc}); use --runtime none") from exc
@@ -315,6 +343,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"nodeagent: {exc}", file=sys.stderr)
             return 2
+    mirrors: dict[str, str] = {}
+    try:
+        for item in args.registry_mirror:
+            from nodeagent.runtime.images import parse_mirror
+
+            origin, mirror = parse_mirror(item)
+            mirrors[origin] = mirror
+    except ValueError as exc:
+        print(f"nodeagent: --registry-mirror: {exc}", file=sys.stderr)
+        return 2
+    if args.image_cache_bytes is not None and int(args.image_cache_bytes) < 0:
+        print(f"nodeagent: --image-cache-bytes must be 0 or more, got {args.image_cache_bytes}", file=sys.stderr)
+        return 2
+    if float(args.pull_timeout_s) <= 0:
+        print(
+            f"nodeagent: --pull-timeout-s must be a positive number of seconds, got {args.pull_timeout_s}",
+            file=sys.stderr,
+        )
+        return 2
     hostname = args.hostname or socket.gethostname()
     owner = container_owner(hostname, args.container_scope)
     host = HostCollector(hostname=hostname)
@@ -336,6 +383,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             gpu_numa=lambda uuid: gpu_numa.get(uuid),
             volumes=volumes,
             gpu_info=lambda uuid: gpu_info.get(uuid),
+            registry_mirrors=mirrors,
+            image_cache_bytes=None if args.image_cache_bytes is None else int(args.image_cache_bytes),
+            pull_timeout_s=float(args.pull_timeout_s),
         )
         backend = make_backend(args.simulate, hostname=hostname, busy_source=runtime.busy_gpus, kind=args.backend)
     except (ValueError, BackendUnavailable) as exc:

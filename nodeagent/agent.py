@@ -43,6 +43,7 @@ from nodeagent.volumes import VolumeStore
 
 if TYPE_CHECKING:
     from nodeagent.gateway import SshGateway
+    from nodeagent.runtime.images import ImagePuller, PrePuller
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,7 @@ class Agent:
         commands: CommandChannel | None = None,
         volumes: VolumeStore | None = None,
         gateway: SshGateway | None = None,
+        prepull_workers: int = 2,
     ) -> None:
         self.client = client
         self.backend = backend
@@ -273,6 +275,14 @@ class Agent:
         # buffer (which only the loop thread touches).
         self.gateway = gateway
         self._posted: queue.SimpleQueue[schema.AgentEvent] = queue.SimpleQueue()
+        # A runtime that pulls images (nodeagent.runtime.images): the reply's pre-pulls are pulled in the
+        # background, and every pull's outcome rides on the heartbeats until one is answered.
+        self.images: ImagePuller | None = getattr(runtime, "images", None)
+        self.prepuller: PrePuller | None = None
+        if self.images is not None:
+            from nodeagent.runtime.images import PrePuller  # the Docker SDK: only with a runtime that pulls
+
+            self.prepuller = PrePuller(self.images, workers=prepull_workers)
         set_waker = getattr(runtime, "set_waker", None)
         if set_waker is not None:
             set_waker(self._runtime_finished)
@@ -340,6 +350,8 @@ class Agent:
             close = getattr(self.runtime, "close", None)
             if close is not None:
                 close()
+            if self.prepuller is not None:
+                self.prepuller.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         log.info("node agent stopped")
@@ -424,6 +436,8 @@ class Agent:
             outage_tolerant=True,
             volumes=self.volumes is not None,
             ssh=self.gateway.facts() if self.gateway is not None else None,
+            pulls=self.images is not None,
+            image_cache_bytes=self.images.cache.budget_bytes if self.images is not None else None,
         )
 
     def _container_reports(self, now: datetime) -> list[schema.ContainerReport]:
@@ -466,6 +480,7 @@ class Agent:
         replayed = {r.launch_id: r for r in batch.containers if r.launch_id not in {c.launch_id for c in current}}
         containers = [*current, *replayed.values()]
         volumes = self.volumes.unsent() if self.volumes is not None else []
+        images = self.images.board.unsent() if self.images is not None else []
         self.seq += 1
         self.state.save_seq(self.seq)
         heartbeat = schema.Heartbeat(
@@ -477,6 +492,7 @@ class Agent:
             events=batch.events,
             containers=containers,
             volumes=volumes,
+            images=images,
         )
         try:
             reply = self.client.heartbeat(
@@ -505,6 +521,7 @@ class Agent:
                 )
                 self.buffer.commit(batch)
                 self._volumes_sent(volumes)
+                self._images_sent(images)
             self._next_heartbeat = mono + self.interval
             return
         except Unreachable as exc:
@@ -532,6 +549,7 @@ class Agent:
             return
         self.buffer.commit(batch)
         self._volumes_sent(volumes)
+        self._images_sent(images)
         self.backoff.reset()
         self.last_reply = reply
         self.server_name, self.server_state = reply.server, reply.server_state
@@ -544,11 +562,21 @@ class Agent:
         self._converge(reply.desired, reply.stop, now, reply_seq=self.seq)
         if reply.mig:
             self.apply_mig(reply.mig, now)
+        if self.prepuller is not None:
+            try:
+                self.prepuller.update(reply.prepull, now)
+            except Exception:  # the next reply lists them again
+                log.exception("starting the pre-pulls failed")
 
     def _volumes_sent(self, volumes: list[schema.VolumeUsage]) -> None:
         # Only an answered heartbeat takes measurements off the queue; an unanswered one leaves them for the next.
         if self.volumes is not None:
             self.volumes.sent(volumes)
+
+    def _images_sent(self, images: list[schema.ImageReport]) -> None:
+        # Like the volume measurements: only an answered heartbeat takes the image reports off the board.
+        if self.images is not None:
+            self.images.board.sent(images)
 
     # -- fencing --------------------------------------------------------------------------------------------
 

@@ -113,6 +113,12 @@ class Launch:
     # The control plane would place it elsewhere were this node lost (``DesiredContainer.replaceable``): fenced at
     # the lease. From the desired state, or from the container's label once adopted.
     replaceable: bool = False
+    # The launch's image was pulled for it (a second "not found" after that fails the launch).
+    pulled: bool = False
+    # While its image is pulled: how far the pull has come (reported with the launch).
+    pull: schema.PullProgress | None = None
+    # The repository digest of the image the container was created from, once known.
+    image_digest: str | None = None
 
     @property
     def status(self) -> str | None:
@@ -208,6 +214,8 @@ def launch_report(launch: Launch) -> schema.ContainerReport | None:
     def report(state: ReportState, **fields: Any) -> schema.ContainerReport:
         if launch.fenced is not None:
             fields.update(fenced=True, error=fields.get("error") or launch.fenced)
+        if launch.image_digest is not None:
+            fields.setdefault("image_digest", launch.image_digest)
         return schema.ContainerReport(
             launch_id=launch.launch_id,
             reservation=launch.reservation,
@@ -227,6 +235,9 @@ def launch_report(launch: Launch) -> schema.ContainerReport | None:
             return report("failed", error=launch.final_failure)
         if launch.final is not None:
             return launch.final
+        if launch.desired is not None and launch.pull is not None:
+            # Its image is being pulled: before the window "pending", at or after it "creating".
+            return report("pending" if launch.prepared else "creating", pull=launch.pull)
         if launch.desired is not None:
             return report("pending")
         return None

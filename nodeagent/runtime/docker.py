@@ -57,6 +57,7 @@ from nodeagent.runtime.containers import (
     safe_id,
 )
 from nodeagent.runtime.devices import AmdDevices, DeviceError, GpuInfo, amd_devices
+from nodeagent.runtime.images import PULL_STALL_S, PULL_TIMEOUT_S, ImagePuller, PullFailed, make_puller, repo_digest
 from nodeagent.runtime.mounts import LaunchRefused, mounts_for, network_for
 from nodeagent.volumes import VolumeStore
 
@@ -86,6 +87,12 @@ class _Outcome:
     # The container is gone (removed by the worker after a refused start, or by someone else).
     gone: bool = False
     started: bool = False
+    # The image is not on the node: the launch's pull comes next (in the pull pool), then the create again.
+    needs_pull: bool = False
+    # A pull for the launch finished (``failure`` says when it failed).
+    pulled: bool = False
+    # The repository digest of the launch's image, once known.
+    digest: str | None = None
 
 
 class DockerRuntime:
@@ -121,6 +128,12 @@ class DockerRuntime:
         sysfs_root: Path | str = "/sys",
         lease_dir: Path | str | None = None,
         busybox: Path | str | bool | None = True,
+        registry_mirrors: Mapping[str, str] | None = None,
+        image_cache_bytes: int | None = None,
+        pull_timeout_s: float = PULL_TIMEOUT_S,
+        pull_stall_s: float = PULL_STALL_S,
+        pull_workers: int = 2,
+        puller: ImagePuller | None = None,
     ) -> None:
         self.client = client if client is not None else docker.from_env(timeout=30)
         self.node = node or socket.gethostname()
@@ -159,6 +172,18 @@ class DockerRuntime:
         # and the launches; the workers only talk to the engine and return an _Outcome.
         self._ops: dict[str, Future[_Outcome]] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="docker-launch")
+        # Pulls (nodeagent.runtime.images) run in a pool of their own, so a long pull never holds up another
+        # launch's create or start. Their progress, by launch id, is written by the pulling thread.
+        self.images = puller or make_puller(
+            self.client,
+            state_dir=self.state_dir,
+            mirrors=registry_mirrors,
+            cache_bytes=image_cache_bytes,
+            timeout_s=pull_timeout_s,
+            stall_s=pull_stall_s,
+        )
+        self._pull_pool = ThreadPoolExecutor(max_workers=max(1, pull_workers), thread_name_prefix="docker-pull")
+        self._pull_progress: dict[str, schema.PullProgress] = {}
         self._waker: Callable[[], None] | None = None
         # While set (the reason), the node is fenced: see ``fence``. ``fence_all``: every launch is, not only the
         # replaceable ones.
@@ -174,6 +199,7 @@ class DockerRuntime:
     def close(self) -> None:
         """Stop taking work; creates in flight finish on their own (a new runtime adopts what they made)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pull_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the ContainerRuntime protocol ---------------------------------------------------------------------
 
@@ -196,9 +222,13 @@ class DockerRuntime:
                 launch.desired = None
         if self.volumes is not None:
             self.volumes.track(wanted.values())
+        # The images of the launches desired now stay out of the image cache's eviction.
+        self.images.cache.need("launches", {spec.image for spec in wanted.values()})
 
         for launch in list(self._launches.values()):
             if launch.launch_id in self._ops:
+                if launch.desired is not None and now >= launch.desired.window_start:
+                    launch.prepared = False  # still pulling at its window: "creating", no longer "pending"
                 continue  # a create or start in flight; the reconcile after it looks again
             status = launch.status
             if status in LIVE_STATES:
@@ -359,6 +389,7 @@ class DockerRuntime:
                     launch.container.reload()
         self._note_watchdog_stops()
         for launch in sorted(self._launches.values(), key=lambda item: item.launch_id):
+            launch.pull = self._pull_progress.get(launch.launch_id) if launch.launch_id in self._ops else None
             item = launch_report(launch)
             if item is None:
                 continue
@@ -451,6 +482,10 @@ class DockerRuntime:
                 launch.warned_for = (directory / "warned").read_text().strip() or None
             with contextlib.suppress(OSError):
                 launch.fenced = (directory / "fenced").read_text().strip() or None
+            with contextlib.suppress(OSError):
+                launch.image_digest = (directory / "image_digest").read_text().strip() or None
+            if launch.image_digest is None:
+                launch.image_digest = self._digest_of(container)
             deadline = self._read_json(directory / "stopping.json")
             if deadline:
                 launch.stop_deadline = datetime.fromisoformat(deadline["deadline"])
@@ -463,6 +498,14 @@ class DockerRuntime:
             self._launches[launch_id] = launch
         launch.container = container
         return launch
+
+    def _digest_of(self, container: Container) -> str | None:
+        """The repository digest of an adopted container's image, from the engine."""
+        with contextlib.suppress(DockerException, RequestException, KeyError, TypeError):
+            config = container.attrs.get("Config") or {}
+            image = self.client.images.get(str(container.attrs["Image"]))
+            return repo_digest(image.attrs, str(config.get("Image") or ""))
+        return None
 
     def _refresh(self) -> None:
         seen: set[str] = set()
@@ -512,8 +555,10 @@ class DockerRuntime:
         launch.prepared = not start
         return self._submit(launch, self._op_create, spec, mount_dir, start)
 
-    def _submit(self, launch: Launch, fn: Callable[..., _Outcome], *args: Any) -> Future[_Outcome]:
-        op = self._pool.submit(fn, *args)
+    def _submit(
+        self, launch: Launch, fn: Callable[..., _Outcome], *args: Any, pool: ThreadPoolExecutor | None = None
+    ) -> Future[_Outcome]:
+        op = (pool or self._pool).submit(fn, *args)
         self._ops[launch.launch_id] = op
         if self._waker is not None:
             waker = self._waker
@@ -535,8 +580,19 @@ class DockerRuntime:
                 # The engine did not answer: nothing is known to have happened; the next reconcile tries again.
                 log.warning("launch %s: the engine did not answer (%s); trying again", launch_id, exc)
                 continue
+            if outcome.digest is not None and outcome.digest != launch.image_digest:
+                launch.image_digest = outcome.digest
+                (self._dir(launch_id) / "image_digest").write_text(outcome.digest + "\n")
+            if outcome.pulled:
+                launch.pulled = True
             if outcome.failure is not None:
                 self._fail(launch, outcome.failure)
+            elif outcome.needs_pull:
+                if launch.pulled or launch.desired is None:
+                    # Pulled, and gone again before its create (an operator's `docker rmi`): no second pull.
+                    self._fail(launch, f"image not found: {launch.desired.image if launch.desired else ''}")
+                else:
+                    self._submit(launch, self._op_pull, launch.desired, pool=self._pull_pool)
             if outcome.gone:
                 launch.container = None
                 launch.removed = launch.removed or outcome.failure is not None
@@ -546,18 +602,41 @@ class DockerRuntime:
                 launch.prepared = False
                 log.info("launched %s on %s", launch_id, ",".join(launch.gpu_uuids))
 
+    def _op_pull(self, spec: schema.DesiredContainer) -> _Outcome:
+        """Pull the launch's image (in the pull pool), with its credentials; progress goes to the launch's report."""
+        launch_id = spec.launch_id
+
+        def progress(snapshot: schema.PullProgress) -> None:
+            self._pull_progress[launch_id] = snapshot
+
+        progress(schema.PullProgress())
+        try:
+            pulled = self.images.ensure(
+                spec.image, spec.registry_auth, reservations=[spec.reservation], on_progress=progress
+            )
+        except PullFailed as exc:
+            return _Outcome(pulled=True, failure=str(exc))
+        finally:
+            self._pull_progress.pop(launch_id, None)
+        log.info("pulled %s for %s (%s)", spec.image, launch_id, pulled.digest or "no repository digest")
+        return _Outcome(pulled=True, digest=pulled.digest)
+
     def _op_create(self, spec: schema.DesiredContainer, mount_dir: Path, start: bool) -> _Outcome:
+        image = self.images.local(spec.image)
+        if image is None:
+            return _Outcome(needs_pull=True)
+        self.images.cache.touch(spec.image)
         try:
             # Here, in a worker: measuring a volume against its limit may walk network storage for a while.
-            args = self._create_args(spec, mount_dir)
+            args = self._create_args(spec, mount_dir, image.local)
         except (LaunchRefused, DeviceError) as exc:
             return _Outcome(failure=str(exc))
         except ImageNotFound:  # a replaceable launch reads the image's entrypoint first
-            return _Outcome(failure=f"image not found: {spec.image}")
+            return _Outcome(needs_pull=True)
         try:
             container = self.client.containers.create(**args)
         except ImageNotFound:
-            return _Outcome(failure=f"image not found: {spec.image}")
+            return _Outcome(needs_pull=True)
         except APIError as exc:
             if exc.status_code != 409:
                 return _Outcome(failure=f"the engine refused to create the container: {exc.explanation or exc}")
@@ -567,8 +646,12 @@ class DockerRuntime:
                 return _Outcome()  # removed in between; the next reconcile looks again
             if (container.labels or {}).get(LABEL_LAUNCH) != spec.launch_id:
                 return _Outcome(failure=f"a container named {container.name} exists and is not this launch's")
-            return _Outcome(container=container)
-        return self._op_start(container) if start else _Outcome(container=container)
+            return _Outcome(container=container, digest=image.digest)
+        if start:
+            outcome = self._op_start(container)
+            outcome.digest = image.digest
+            return outcome
+        return _Outcome(container=container, digest=image.digest)
 
     def _op_start(self, container: Container) -> _Outcome:
         try:
@@ -600,12 +683,14 @@ class DockerRuntime:
                     return None
                 time.sleep(0.1)
 
-    def _create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
+    def _create_args(self, spec: schema.DesiredContainer, mount_dir: Path, image: str | None = None) -> dict[str, Any]:
         args = self._plain_create_args(spec, mount_dir)
+        if image is not None:
+            args["image"] = image  # the reference, or a mirror's name of it when only that names it here
         if not spec.replaceable:
             return args
         # Replaceable work runs under the lease watchdog, around what the image itself would run.
-        config = self.client.images.get(spec.image).attrs.get("Config") or {}
+        config = self.client.images.get(args["image"]).attrs.get("Config") or {}
         return watchdog.wrap(args, spec, image_config=config, lease=self.lease_dir, busybox=self.busybox)
 
     def _plain_create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:

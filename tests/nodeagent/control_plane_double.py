@@ -32,6 +32,7 @@ class ControlPlaneDouble:
     desired: list[dict[str, Any]] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     mig: list[dict[str, Any]] = field(default_factory=list)  # DesiredMig requests the reply carries
+    prepull: list[dict[str, Any]] = field(default_factory=list)  # PrePulls, for an agent that says it pulls
     # The lease the reply gives an agent that says it fences; None plays a control plane without fencing.
     lease_s: float | None = None
     # The outage tolerance the reply tells an agent that says it understands one; None plays an older control plane.
@@ -113,6 +114,8 @@ class ControlPlaneDouble:
             }
             if self.mig:
                 reply["mig"] = self.mig
+            if self.prepull and body["node"].get("pulls"):
+                reply["prepull"] = self.prepull
             if self.lease_s is not None and body["node"].get("fencing"):
                 reply["lease_s"] = self.lease_s
             if self.outage_tolerance_s is not None and body["node"].get("outage_tolerant"):

@@ -104,3 +104,19 @@ def test_run_with_a_revoked_credential_exits_3_with_instructions(
     assert code == 3
     assert "Re-enroll with a new --join-token" in capsys.readouterr().err
     assert control_plane.received[0].headers["Authorization"] == "Bearer an-old-credential"
+
+
+def test_run_with_a_bad_registry_mirror_exits_2_naming_the_flag(capsys, tmp_path):
+    argv = ["run", "--server", "http://127.0.0.1:9", "--simulate", "1xH100-80GB", "--state-dir", str(tmp_path)]
+    assert main([*argv, "--registry-mirror", "docker.io"]) == 2
+    assert "--registry-mirror" in capsys.readouterr().err
+    assert main([*argv, "--image-cache-bytes", "-1"]) == 2
+    assert "--image-cache-bytes must be 0 or more" in capsys.readouterr().err
+
+
+def test_registry_mirrors_are_read_as_the_image_reference_rule_names_registries():
+    from nodeagent.runtime.images import parse_mirror
+
+    assert parse_mirror("docker.io=127.0.0.1:5001") == ("docker.io", "127.0.0.1:5001")
+    assert parse_mirror("index.docker.io=mirror.internal") == ("docker.io", "mirror.internal")
+    assert parse_mirror("nvcr.io=localhost:5002") == ("nvcr.io", "localhost:5002")

@@ -99,21 +99,24 @@ def test_finished_container_is_removed_after_two_reports_and_never_relaunched(
 
 
 def test_failed_launch_is_not_retried_after_a_restart(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
-    spec = make_desired(image="gpucp-no-such-image:2")
+    spec = make_desired(image="127.0.0.1:9/gpucp/no-such-image:2")  # nothing listens there: the pull fails
     runtime = make_runtime()
-    runtime.reconcile([spec], [], T0)
+    for _ in range(3):
+        runtime.reconcile([spec], [], T0)
+        runtime.wait_idle(30)
     [report] = runtime.report()
     assert report.state == "failed"
 
-    docker_client.images.get("gpucp-busybox:test").tag("gpucp-no-such-image", "2")
+    docker_client.images.get("gpucp-busybox:test").tag("127.0.0.1:9/gpucp/no-such-image", "2")
     try:
         restarted = make_runtime()
         restarted.reconcile([spec], [], T0 + timedelta(seconds=1))
+        restarted.wait_idle(30)
         assert ours(docker_client, node) == []
         [again] = restarted.report()
-        assert again.error == "image not found: gpucp-no-such-image:2"
+        assert again.error == report.error
     finally:
-        docker_client.images.remove("gpucp-no-such-image:2")
+        docker_client.images.remove("127.0.0.1:9/gpucp/no-such-image:2")
 
 
 def test_container_removed_behind_the_agents_back_is_reported_missing_not_relaunched(

@@ -201,17 +201,23 @@ def test_two_new_launches_on_one_gpu_start_only_the_first_listed(make_runtime, m
     assert report_for(runtime, "second").error == "GPU GPU-x is already bound to launch first"
 
 
-def test_missing_image_fails_with_the_reason_and_pulls_nothing(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
+def test_missing_image_is_pulled_and_an_unreachable_registry_fails_the_launch_with_the_reason(  # type: ignore[no-untyped-def]
+    make_runtime, make_desired, docker_client, node
+):
     runtime = make_runtime()
-    spec = make_desired(image="gpucp-no-such-image:1")
+    # Nothing listens on port 9 of the loopback: the pull is refused at once.
+    spec = make_desired(image="127.0.0.1:9/gpucp/no-such-image:1")
 
-    runtime.reconcile([spec], [], T0)
+    for second in range(3):
+        runtime.reconcile([spec], [], T0 + timedelta(seconds=second))
+        runtime.wait_idle(30)
     runtime.reconcile([spec], [], T0 + timedelta(seconds=5))
 
     assert ours(docker_client, node) == []
     report = report_for(runtime, spec.launch_id)
     assert report.state == "failed"
-    assert report.error == "image not found: gpucp-no-such-image:1"
+    assert report.error is not None
+    assert report.error.startswith("registry unreachable: the node could not reach the registry of 127.0.0.1:9/")
 
 
 def test_start_refused_by_the_engine_is_a_failure_with_its_reason(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
