@@ -64,6 +64,8 @@ from nodeagent.volumes import VolumeStore
 log = logging.getLogger(__name__)
 
 CONFLICT_WAIT_S = 10.0
+# Under the state directory: the ulimits the engine could not raise (a JSON list of names).
+ULIMITS_REFUSED_FILE = "ulimits-refused.json"
 # How long before its window a launch's container is created (not started).
 PREPARE_AHEAD_S = 30.0
 # The longest a reconcile waits for its starts when no other window is about to open.
@@ -93,6 +95,8 @@ class _Outcome:
     pulled: bool = False
     # The repository digest of the launch's image, once known.
     digest: str | None = None
+    # The engine could not raise this ulimit (it lacks the privilege to): create the container again without it.
+    ulimit_refused: str | None = None
 
 
 class DockerRuntime:
@@ -140,6 +144,10 @@ class DockerRuntime:
         self.state_dir = Path(state_dir)
         self.launch_root = self.state_dir / "launches" / safe_id(self.node)
         self.launch_root.mkdir(parents=True, exist_ok=True)
+        # The ulimits this engine turned out unable to raise (``_ulimit_refused``), kept across restarts.
+        self._ulimits_refused: set[str] = set()
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            self._ulimits_refused = {str(n) for n in json.loads((self.state_dir / ULIMITS_REFUSED_FILE).read_text())}
         # The lease watchdog of replaceable launches (nodeagent.runtime.watchdog): the directory the agent renews
         # the deadline in, and the static busybox it runs under (True: the host's, if any; False: the image's sh).
         self.lease_dir = Path(lease_dir) if lease_dir is not None else watchdog.lease_dir(self.state_dir)
@@ -415,7 +423,10 @@ class DockerRuntime:
                 version=self._version,
                 nvidia_runtime=True,
                 gpu_mode="nvidia",
-                detail="GPUs are isolated by the NVIDIA container runtime (device requests by UUID).",
+                detail=(
+                    "GPUs are isolated by the NVIDIA container runtime (device requests by UUID)."
+                    + self._ulimits_note()
+                )[:256],
             )
         return schema.ContainerRuntimeFacts(
             kind="docker",
@@ -424,9 +435,15 @@ class DockerRuntime:
             gpu_mode="env-only",
             detail=(
                 "The host has no NVIDIA container runtime: GPUs are named by NVIDIA_VISIBLE_DEVICES only "
-                "and are not isolated by the engine."
-            ),
+                "and are not isolated by the engine." + self._ulimits_note()
+            )[:256],
         )
+
+    def _ulimits_note(self) -> str:
+        if not self._ulimits_refused:
+            return ""
+        names = ", ".join(sorted(self._ulimits_refused))
+        return f" The engine cannot raise the {names} ulimit: containers get its own."
 
     def busy_gpus(self) -> set[str]:
         """GPUs bound to a running container of ours, as of the last reconcile or report."""
@@ -585,6 +602,10 @@ class DockerRuntime:
                 (self._dir(launch_id) / "image_digest").write_text(outcome.digest + "\n")
             if outcome.pulled:
                 launch.pulled = True
+            if outcome.ulimit_refused is not None:
+                self._ulimit_refused(outcome.ulimit_refused)
+                launch.container = None
+                continue  # the next reconcile creates it again, without what the engine cannot grant
             if outcome.failure is not None:
                 self._fail(launch, outcome.failure)
             elif outcome.needs_pull:
@@ -665,6 +686,9 @@ class DockerRuntime:
                 # would look like a live holder of its GPUs.
                 with contextlib.suppress(NotFound, APIError):
                     container.remove(force=True)
+                refused = resources.refused_ulimit(str(exc.explanation or exc))
+                if refused is not None and refused not in self._ulimits_refused:
+                    return _Outcome(gone=True, ulimit_refused=refused)
                 return _Outcome(gone=True, failure=f"the container did not start: {exc.explanation or exc}")
         with contextlib.suppress(NotFound):
             container.reload()
@@ -693,7 +717,24 @@ class DockerRuntime:
         config = self.client.images.get(args["image"]).attrs.get("Config") or {}
         return watchdog.wrap(args, spec, image_config=config, lease=self.lease_dir, busybox=self.busybox)
 
+    def _ulimit_refused(self, name: str) -> None:
+        """The engine cannot raise ``name`` (a dockerd without the privilege to, e.g. in a container of its own):
+        remember it, here and on disk, so launches run with the engine's own limit instead of not at all."""
+        self._ulimits_refused.add(name)
+        path = self.state_dir / ULIMITS_REFUSED_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self._ulimits_refused)))
+        tmp.replace(path)
+        log.warning(
+            "the Docker engine cannot raise the %s ulimit (it lacks the privilege); containers run with its own "
+            "limit. Give dockerd the limit (e.g. LimitMEMLOCK=infinity in its systemd unit) and restart the agent.",
+            name,
+        )
+
     def _plain_create_args(self, spec: schema.DesiredContainer, mount_dir: Path) -> dict[str, Any]:
+        if spec.resources is not None and self._ulimits_refused:
+            granted = [u for u in spec.resources.ulimits if u.name not in self._ulimits_refused]
+            spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"ulimits": granted})})
         secrets.check(spec)
         launch = self._launches.get(spec.launch_id)
         share = launch.cpuset if launch is not None and self._has_cpu_share(spec) else None

@@ -6,6 +6,8 @@ which CPUs its other containers hold. See docs/runtime.md, "Resources".
 
 from __future__ import annotations
 
+import re
+import resource
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -104,3 +106,21 @@ def oom_message(memory_bytes: int | None) -> str:
             f"killed it"
         )
     return "out of memory: the kernel killed a process of the container (it has no memory limit of its own)"
+
+
+# The engine's words when it could not set a ulimit on the container's process (runc, "error setting rlimit type 8:
+# operation not permitted"): the number is Linux's resource number.
+_RLIMIT_REFUSED = re.compile(r"error setting rlimit type (\d+): operation not permitted")
+_RLIMIT_NAMES = {
+    resource.RLIMIT_MEMLOCK: "memlock",
+    resource.RLIMIT_STACK: "stack",
+    resource.RLIMIT_NOFILE: "nofile",
+    resource.RLIMIT_NPROC: "nproc",
+    resource.RLIMIT_CORE: "core",
+}
+
+
+def refused_ulimit(engine_message: str) -> str | None:
+    """The ulimit the engine said it could not raise (a dockerd without CAP_SYS_RESOURCE), or None."""
+    found = _RLIMIT_REFUSED.search(engine_message)
+    return _RLIMIT_NAMES.get(int(found.group(1))) if found else None
