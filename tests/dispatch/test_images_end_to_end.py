@@ -1,8 +1,8 @@
 """Bring your own image, the whole road: a project's private image on a real OCI registry, its credentials and a
 secret in the vault, a booking ahead of its window -> the agent pulls it before the window (told by the heartbeat)
--> the container starts at the window without a pull, with the secret as a variable and a file -> the digest that
-ran is on the launch. Wrong credentials are told to the tenant before the window. Neither the secret nor the
-registry password appears in an API answer, an event, a notification or a control-plane log line.
+-> the container starts at the window from the image on the node, with the secret as a variable and a file -> the
+digest that ran is on the launch. Wrong credentials are told to the tenant before the window. Neither the secret
+nor the registry password appears in an API answer, an event, a notification or a control-plane log line.
 
 The agent is the real one (tests/dispatch/test_end_to_end.py's ``agent_node``), against pytest-django's live server.
 """
@@ -111,12 +111,13 @@ def test_a_private_image_is_pulled_before_its_window_and_starts_at_it_with_its_s
         what="the pull's event",
     )
 
-    # The container starts when the window opens, without a pull, within a second.
+    # The container starts when the window opens (never before), from the image already on the node: how soon after
+    # the opening is bench/images.py's figure, not a test's.
     launch = wait_for(
         lambda: Launch.objects.filter(reservation=r, started_at__isnull=False).first(), timeout=40, what="the start"
     )
-    late = (launch.started_at - r.starts_at).total_seconds()
-    assert late < 1.0, f"started {late:.2f} s after the window opened"
+    assert launch.started_at >= r.starts_at - timedelta(seconds=0.5)  # the agent's clock against ours
+    assert ImagePull.objects.filter(reservation=r).count() == 1  # pulled once, ahead
     assert launch.image_digest == oci_registry.pushed[image]
     wait_for(lambda: Reservation.objects.get(pk=r.pk).state == ReservationState.RUNNING, what="running")
     digest = hashlib.md5(SECRET.encode()).hexdigest()  # noqa: S324 - a fingerprint the job prints, not security
