@@ -217,6 +217,16 @@ await run("portal", async (page) => {
   expect((await secretForm.getByLabel(/^Value/).inputValue()) === "", "the value field was not emptied");
   await shot(page, "08c-secrets");
   await axeCheck(page, "secrets");
+  // The booking form offers it by name, as a variable and/or a file.
+  await page.getByRole("link", { name: "Book GPUs" }).click();
+  const bookingForm = page.getByRole("form", { name: "Booking" });
+  await bookingForm.getByLabel(/^Secrets/).click();
+  await page.getByRole("option", { name: secretName }).click();
+  await bookingForm.getByLabel(`as /run/secrets/${secretName}`).check();
+  await bookingForm.getByLabel(`Variable for ${secretName}`).fill("E2E_TOKEN");
+  await page.keyboard.press("Escape");
+  await axeCheck(page, "availability-secrets");
+  await page.getByRole("link", { name: "Secrets & registries" }).click();
   await page.getByRole("button", { name: `Delete secret ${secretName}` }).click();
   await page.getByRole("dialog", { name: "Delete this secret?" }).getByRole("button", { name: "Delete secret", exact: true }).click();
   await page.getByTestId(`secret-${secretName}`).waitFor({ state: "detached" });
