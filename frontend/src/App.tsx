@@ -30,6 +30,7 @@ const UsagePage = lazy(() => import("./pages/Usage").then((m) => ({ default: m.U
 const NotificationsPage = lazy(() => import("./pages/Notifications").then((m) => ({ default: m.NotificationsPage })));
 const WebhooksPage = lazy(() => import("./pages/Webhooks").then((m) => ({ default: m.WebhooksPage })));
 const VolumesPage = lazy(() => import("./pages/Volumes").then((m) => ({ default: m.VolumesPage })));
+const SecretsPage = lazy(() => import("./pages/Secrets").then((m) => ({ default: m.SecretsPage })));
 
 const TENANT_LINKS = [
   { to: "/", label: "Dashboard" },
@@ -39,6 +40,7 @@ const TENANT_LINKS = [
   { to: "/usage", label: "Usage" },
   { to: "/efficiency", label: "Efficiency" },
   { to: "/volumes", label: "Volumes" },
+  { to: "/secrets", label: "Secrets & registries" },
   { to: "/tokens", label: "API tokens" },
   { to: "/ssh-keys", label: "SSH keys" },
   { to: "/notifications", label: "Notifications" },
@@ -95,6 +97,7 @@ export function App() {
         <Route path="/usage" element={<UsagePage />} />
         <Route path="/efficiency" element={<EfficiencyPage />} />
         <Route path="/volumes" element={<VolumesPage />} />
+        <Route path="/secrets" element={<SecretsPage />} />
         <Route path="/tokens" element={<TokensPage />} />
         <Route path="/ssh-keys" element={<SshKeysPage />} />
         <Route path="/notifications" element={<NotificationsPage />} />

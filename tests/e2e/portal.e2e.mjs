@@ -202,6 +202,35 @@ await run("portal", async (page) => {
   await page.waitForLoadState("networkidle");
   await axeCheck(page, "volumes");
 
+  step("secrets: alice adds a secret; it is listed by name and its value is nowhere in the page");
+  await page.getByRole("link", { name: "Secrets & registries" }).click();
+  const secretForm = page.getByRole("form", { name: "New secret" });
+  await secretForm.waitFor();
+  const secretName = `E2E_TOKEN_${Date.now().toString(36).toUpperCase()}`;
+  const secretValue = `e2e-secret-value-${Math.random().toString(36).slice(2)}`;
+  await secretForm.getByLabel("Name").fill(secretName);
+  await secretForm.getByLabel(/^Value/).fill(secretValue);
+  await secretForm.getByRole("button", { name: "Add secret" }).click();
+  await page.getByTestId("secret-saved").waitFor();
+  await page.getByTestId(`secret-${secretName}`).waitFor();
+  expect((await page.content()).includes(secretValue) === false, "the secret's value is in the page's HTML");
+  expect((await secretForm.getByLabel(/^Value/).inputValue()) === "", "the value field was not emptied");
+  await shot(page, "08c-secrets");
+  await axeCheck(page, "secrets");
+  // The booking form offers it by name, as a variable and/or a file.
+  await page.getByRole("link", { name: "Book GPUs" }).click();
+  const bookingForm = page.getByRole("form", { name: "Booking" });
+  await bookingForm.getByLabel(/^Secrets/).click();
+  await page.getByRole("option", { name: secretName }).click();
+  await bookingForm.getByLabel(`as /run/secrets/${secretName}`).check();
+  await bookingForm.getByLabel(`Variable for ${secretName}`).fill("E2E_TOKEN");
+  await page.keyboard.press("Escape");
+  await axeCheck(page, "availability-secrets");
+  await page.getByRole("link", { name: "Secrets & registries" }).click();
+  await page.getByRole("button", { name: `Delete secret ${secretName}` }).click();
+  await page.getByRole("dialog", { name: "Delete this secret?" }).getByRole("button", { name: "Delete secret", exact: true }).click();
+  await page.getByTestId(`secret-${secretName}`).waitFor({ state: "detached" });
+
   step("phone width still works");
   await page.setViewportSize({ width: 390, height: 844 });
   await page.goto(`${BASE}/`);

@@ -1,4 +1,5 @@
 // Shapes of the public API (see /api/v1/schema/). Decimals arrive as strings and stay strings until shown.
+import type { SecretUse } from "../lib/secrets";
 
 export interface Page<T> {
   count: number;
@@ -119,6 +120,8 @@ export interface Reservation {
   notice_seconds?: number;
   credit_multiplier?: string;
   preempted_by?: string | null;
+  /** The project secrets it gets, by name (docs/images.md); values are never in an answer. */
+  secrets?: SecretUse[];
 }
 
 export interface Allocation {

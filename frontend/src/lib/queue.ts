@@ -3,6 +3,7 @@
 
 import type { PriorityClass, QueueEntry, QueuedRequest, QueuedRequestDetail, Spec } from "../api/types";
 import { formatDateTime, formatDuration, formatMiB } from "./format";
+import { secretProblems, secretsBody, type SecretChoice } from "./secrets";
 
 /** A class's name as a label: "preemptible" -> "Preemptible". Wording only; every term comes from the API. */
 export function classLabel(name: string): string {
@@ -73,6 +74,8 @@ export interface SubmitForm {
   requeue: boolean;
   image: string;
   command: string;
+  /** Project secrets the container gets (lib/secrets.ts). */
+  secrets?: SecretChoice[];
 }
 
 /** The body of POST requests/. `requeue` only goes with a preemptible class (only there is it meaningful), as
@@ -87,7 +90,12 @@ export function submitBody(f: SubmitForm, classes: PriorityClass[] | undefined):
     ...(f.startBy !== null ? { start_by: new Date(f.startBy).toISOString() } : {}),
     priority_class: f.priorityClass,
     requeue: preemptible && f.requeue,
-    container: { image: f.image, command: commandWords(f.command), env: {} },
+    container: {
+      image: f.image,
+      command: commandWords(f.command),
+      env: {},
+      ...(f.secrets?.length ? { secrets: secretsBody(f.secrets) } : {}),
+    },
   };
 }
 
@@ -107,6 +115,7 @@ export function submitProblems(f: SubmitForm, now: number = Date.now()): string[
   if (!(f.durationHours > 0)) problems.push("The duration must be more than zero.");
   if (f.startBy !== null && f.startBy <= now) problems.push("Start by must be in the future.");
   if (!f.image.trim()) problems.push("Give a container image.");
+  problems.push(...secretProblems(f.secrets ?? []));
   return problems;
 }
 

@@ -21,13 +21,14 @@ import { ApiError, api } from "../api/client";
 import { useBalances, useGpuModels, useMe, useQuotas, useServers } from "../api/hooks";
 import type { EarliestAnswer, FreeAnswer, ReservationDetail, TimelineAnswer } from "../api/types";
 import { ErrorAlert, QueryState } from "../components/QueryState";
-import { ContainerFields, SpecFields } from "../components/BookingFields";
+import { ContainerFields, SecretFields, SpecFields } from "../components/BookingFields";
 import { DateTimeInput } from "../components/DateTimeInput";
 import { Timeline } from "../components/Timeline";
 import { useShownZone } from "../components/ZoneToggle";
 import { formatCredits, formatDateTime, formatHours, formatRelative, zoneLabel } from "../lib/format";
 import { commandWords } from "../lib/queue";
 import { hoursBetween, quotaEffect } from "../lib/quota";
+import { secretProblems, secretsBody, warningsOf, type SecretChoice } from "../lib/secrets";
 
 const HOUR = 3_600_000;
 
@@ -62,6 +63,7 @@ export function AvailabilityPage() {
   // The demo fleet's local image; no registry is assumed.
   const [image, setImage] = useState("gpucp-busybox:test");
   const [command, setCommand] = useState("");
+  const [secrets, setSecrets] = useState<SecretChoice[]>([]);
 
   // The visible range is fixed per page view so the timeline does not shift under the pointer.
   const rangeStart = useMemo(() => Math.floor(Date.now() / HOUR) * HOUR, []);
@@ -135,11 +137,18 @@ export function AvailabilityPage() {
         spec: { gpu_model: model, gpu_count: count },
         // "now" lets the server pick the instant, so a slow click never books a window already begun.
         window: { start: startNow ? "now" : startDate.toISOString(), end: endDate.toISOString() },
-        container: { image, command: commandWords(command), env: {} },
+        container: {
+          image,
+          command: commandWords(command),
+          env: {},
+          ...(secrets.length ? { secrets: secretsBody(secrets) } : {}),
+        },
       }),
     onSuccess: async (r) => {
       await queryClient.invalidateQueries();
-      navigate(`/reservations/${r.id}`);
+      // What the booking was let through with (an image not checked, a budget past its cap) is in this answer
+      // only: the reservation page shows it once.
+      navigate(`/reservations/${r.id}`, { state: { warnings: warningsOf(r) } });
     },
   });
   const bookError = book.error instanceof ApiError ? book.error : null;
@@ -150,6 +159,7 @@ export function AvailabilityPage() {
   const problems = [
     ...(startsInPast ? ["The start is in the past: pick a later start, or Start now."] : []),
     ...effect.problems,
+    ...secretProblems(secrets),
   ];
   const fits = !free.data || (free.data.proposal !== null && free.data.free_gpus >= count);
   const canBook = !!project && windowOk && count >= 1 && problems.length === 0 && fits;
@@ -321,6 +331,7 @@ export function AvailabilityPage() {
 
               <TextInput label="Name" value={name} onChange={(e) => setName(e.currentTarget.value)} error={fieldErr("name")} required />
               <ContainerFields image={image} command={command} onImage={setImage} onCommand={setCommand} fieldErr={fieldErr} />
+              <SecretFields project={project} value={secrets} onChange={setSecrets} fieldErr={fieldErr} />
 
               {book.error && (
                 <Alert color="red" title="The booking was refused" role="alert" data-testid="book-error">

@@ -8,7 +8,7 @@ import { useGpuModels, useMe, usePriorityClasses, useQueuedRequests, useRequestD
 import type { QueuedRequest, QueuedRequestDetail } from "../api/types";
 import { StateBadge } from "../components/Badges";
 import { ClassBadge } from "../components/ClassBadge";
-import { ContainerFields, SpecFields } from "../components/BookingFields";
+import { ContainerFields, SecretFields, SpecFields } from "../components/BookingFields";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { DateTimeInput } from "../components/DateTimeInput";
 import { QueryState } from "../components/QueryState";
@@ -16,6 +16,7 @@ import { ResponsiveTable } from "../components/ResponsiveTable";
 import { useShownZone } from "../components/ZoneToggle";
 import { formatDateTime, formatRelative, shortUuid } from "../lib/format";
 import { cancellable, CLASS_NOT_ALLOWED, classDescription, classInfo, classLabel, reasonText, durationText, specText, standing, submitBody, submitProblems, type SpecChoice } from "../lib/queue";
+import type { SecretChoice } from "../lib/secrets";
 
 const POLL_MS = 10_000;
 
@@ -180,8 +181,9 @@ function SubmitCard() {
   // The demo fleet's local image; no registry is assumed.
   const [image, setImage] = useState("gpucp-busybox:test");
   const [command, setCommand] = useState("");
+  const [secrets, setSecrets] = useState<SecretChoice[]>([]);
 
-  const form = { project, name, spec, durationHours: hours, startBy, priorityClass, requeue, image, command };
+  const form = { project, name, spec, durationHours: hours, startBy, priorityClass, requeue, image, command, secrets };
   const problems = submitProblems(form);
   const submit = useMutation({
     mutationFn: () => api.post<QueuedRequestDetail>("requests/", submitBody(form, classes.data)),
@@ -227,6 +229,7 @@ function SubmitCard() {
             onChange={(e) => setRequeue(e.currentTarget.checked)} error={fieldErr("requeue")} />
         )}
         <ContainerFields image={image} command={command} onImage={setImage} onCommand={setCommand} fieldErr={fieldErr} />
+        <SecretFields project={project} value={secrets} onChange={setSecrets} fieldErr={fieldErr} />
         {problems.length > 0 && (
           <List size="xs" c="red.9" data-testid="queue-problems">
             {problems.map((p) => (

@@ -19,7 +19,7 @@ import {
 import { LineChart } from "@mantine/charts";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useEffect, useState } from "react";
-import { Link, useParams } from "react-router";
+import { Link, useLocation, useParams } from "react-router";
 
 import { ApiError, api, isMissingEndpoint } from "../api/client";
 import { pollUnlessRefused } from "../api/hooks";
@@ -53,6 +53,7 @@ import {
 import { preemptedBy } from "../lib/queue";
 import { FINAL_STATES, heldText, whenText } from "../lib/reservation";
 import { useNow } from "../lib/useNow";
+import { secretUseText, warningsOf, warningText } from "../lib/secrets";
 
 const POLL_MS = 3_000;
 
@@ -139,6 +140,8 @@ function ReservationView({ r }: { r: ReservationDetail }) {
 
       <IdleBanner r={r} />
 
+      <BookingWarnings />
+
       <CostPanel r={r} />
 
       <ConnectPanel access={r.access} reservationId={r.id} />
@@ -185,12 +188,30 @@ function ReservationView({ r }: { r: ReservationDetail }) {
       <Card withBorder>
         <Text fw={600} mb="xs">Container</Text>
         <Text size="sm" c="dimmed" mb="xs" ff="monospace">{r.image}</Text>
+        {!!r.secrets?.length && (
+          <Text size="sm" mb="xs" data-testid="reservation-secrets">
+            Secrets: {r.secrets.map(secretUseText).join(", ")}
+          </Text>
+        )}
         <ImagePulls r={r} />
         <Launches r={r} />
       </Card>
 
       <LogPanel reservationId={r.id} />
     </Stack>
+  );
+}
+
+/** The booking answer's warnings, handed over by the booking form (the answer alone holds them). */
+function BookingWarnings() {
+  const warnings = warningsOf(useLocation().state);
+  if (warnings.length === 0) return null;
+  return (
+    <Alert color="yellow" title="Booked, with a warning" data-testid="booking-warnings">
+      {warnings.map((w, i) => (
+        <Text size="sm" key={i}>{warningText(w)}</Text>
+      ))}
+    </Alert>
   );
 }
 
