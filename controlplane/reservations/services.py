@@ -257,8 +257,11 @@ def reservation_create(
     preemptible: bool = False,
     notice_seconds: int = 0,
     credit_multiplier: Decimal = Decimal(1),
+    template: str = "",
 ) -> Reservation:
     """Book GPUs for a window: place, check the quota, allocate, hold the credits. All or nothing.
+
+    ``template``: the launch template the request was written out from (docs/templates.md), kept by name.
 
     ``preemptible``, ``notice_seconds`` and ``credit_multiplier`` are the booker's class (the queue's,
     docs/scheduling.md), kept on the reservation. A non-preemptible booking that finds its GPUs held only by
@@ -299,6 +302,7 @@ def reservation_create(
         env=dict(container.env),
         volumes=mounts,
         network=container.network,
+        template=template,
         state=ReservationState.SCHEDULED,
         preemptible=preemptible,
         notice_seconds=notice_seconds,
