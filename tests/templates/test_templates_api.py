@@ -308,7 +308,9 @@ def test_what_the_template_leaves_out_is_judged_by_the_booking_rules(api_client,
     response = api_client.post(BOOK, booking(team["project"].slug), format="json")
     assert response.status_code == 400 and fields(response) == {"spec": ["This field is required."]}
     # An override the booking refuses is refused with the booking's wording and field.
-    body = booking(team["project"].slug, spec={"gpu_model": "H100-80GB", "gpu_count": 1}, container={"env": {"1X": "a"}})
+    body = booking(
+        team["project"].slug, spec={"gpu_model": "H100-80GB", "gpu_count": 1}, container={"env": {"1X": "a"}}
+    )
     response = api_client.post(BOOK, body, format="json")
     assert response.status_code == 400 and "container.env.1X" in fields(response)
     # No window start: the booking says so.
