@@ -150,13 +150,14 @@ def register_templates(expander: TemplateExpander) -> None:
     _templates = expander
 
 
-def expand_template(data: dict[str, Any], *, project: Any) -> tuple[dict[str, Any], str]:
+def expand_template(data: dict[str, Any], *, project: Any, queue: bool = False) -> tuple[dict[str, Any], str]:
     """``data`` (a booking request naming a template) written out with the template's values, and the
     template's name; ``project`` is the booking's, when the view has read it (its own templates shadow the
-    operator-wide ones), else None."""
+    operator-wide ones), else None. ``queue``: a queued request's body (its length is ``duration``, not a
+    window)."""
     from controlplane.core.errors import ValidationFailed
 
     if _templates is None:
         message = "Launch templates are not part of this installation."
         raise ValidationFailed(message, fields={"template": [message]})
-    return _templates(data, project=project)
+    return _templates(data, project=project, queue=queue)

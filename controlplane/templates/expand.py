@@ -45,9 +45,10 @@ def merge_container(template: dict[str, Any], given: dict[str, Any]) -> dict[str
     return merged
 
 
-def expand_booking(data: dict[str, Any], *, project: Any) -> tuple[dict[str, Any], str]:
+def expand_booking(data: dict[str, Any], *, project: Any, queue: bool = False) -> tuple[dict[str, Any], str]:
     """``data`` with its template written in, and the template's name. The template is the project's own of
-    that name, else the operator-wide one. An unknown name is a 400 naming ``template``."""
+    that name, else the operator-wide one. An unknown name is a 400 naming ``template``. ``queue``: a queued
+    request's body, whose length is its ``duration``."""
     name = data.get("template")
     if not isinstance(name, str) or not name.strip():
         raise _refuse("Give a template's name as a string.")
@@ -63,6 +64,8 @@ def expand_booking(data: dict[str, Any], *, project: Any) -> tuple[dict[str, Any
     container = body.get("container", {})
     body["container"] = merge_container(template.container, container) if isinstance(container, dict) else container
     window = body.get("window")
-    if isinstance(window, dict) and "end" not in window and "duration" not in window:
+    if queue:
+        body.setdefault("duration", template.duration_s)
+    elif isinstance(window, dict) and "end" not in window and "duration" not in window:
         body["window"] = {**window, "duration": template.duration_s}
     return body, template.name

@@ -318,3 +318,21 @@ def test_what_the_template_leaves_out_is_judged_by_the_booking_rules(api_client,
     response = api_client.post(BOOK, body, format="json")
     assert response.status_code == 400 and "window.start" in fields(response)
     assert not Reservation.objects.exists()
+
+
+# --- the queue ---------------------------------------------------------------------------------------------
+
+
+def test_a_queued_request_from_a_template(api_client, team, fleet):  # type: ignore[no-untyped-def]
+    assert post(api_client, team["staff"], template(None)).status_code == 201
+    api_client.force_authenticate(team["member"])
+    slug = team["project"].slug
+    queued = {"project": slug, "name": "later", "template": "train", "spec": {"gpu_count": 2}}
+    response = api_client.post("/api/v1/requests/", queued, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["duration_seconds"] == 7200, data
+    assert data["container"]["image"] == "registry.example/train:1"
+    assert data["spec"]["gpu_count"] == 2 and data["spec"]["gpu_model"] == "H100-80GB"
+    response = api_client.post("/api/v1/requests/", {**queued, "template": "nope"}, format="json")
+    assert response.status_code == 400 and list(fields(response)) == ["template"]
