@@ -135,18 +135,15 @@ def as_request(template: LaunchTemplate) -> dict[str, Any]:
 
 def template_update(*, template: LaunchTemplate, data: Any, actor: Any) -> LaunchTemplate:
     """A change: the keys given replace the template's (``container`` key by key), then the whole is read
-    again as a new template would be. The name and the project stay."""
+    again as a new template would be. The name and the project are its address (the URL's): a body's are
+    ignored, as any key a change does not take."""
     require_manager(actor, template.project)
     if not isinstance(data, dict):
         raise ValidationFailed("Send a JSON object.", fields={"non_field_errors": ["Send a JSON object."]})
-    fields: dict[str, list[str]] = {}
-    for key in ("name", "project"):
-        if key in data and data[key] != as_request(template)[key]:
-            fields[key] = [f"A template's {key} cannot change; create another and delete this one."]
-    if fields:
-        raise ValidationFailed("; ".join(f"{k}: {v[0]}" for k, v in fields.items()), fields=fields)
     body = as_request(template)
     for key, value in data.items():
+        if key in ("name", "project"):
+            continue  # the template's address, given by the URL: not a change
         if key == "container" and isinstance(value, dict):
             body["container"] = {**body["container"], **value}
         else:

@@ -184,3 +184,10 @@ def template_answer(template: Any) -> dict[str, Any]:
             "updated_at": template.updated_at,
         }
     ).data
+
+
+class TemplateChangeSerializer(TemplateWriteSerializer):
+    """A change (PATCH): any of a template's keys but its address (name and project, the URL's)."""
+
+    project = None  # type: ignore[assignment]
+    name = None  # type: ignore[assignment]

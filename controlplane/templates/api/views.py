@@ -11,7 +11,12 @@ from rest_framework.response import Response
 
 from controlplane.core.errors import NotFound
 from controlplane.templates import services
-from controlplane.templates.api.serializers import TemplateSerializer, TemplateWriteSerializer, template_answer
+from controlplane.templates.api.serializers import (
+    TemplateChangeSerializer,
+    TemplateSerializer,
+    TemplateWriteSerializer,
+    template_answer,
+)
 from controlplane.templates.models import LaunchTemplate
 
 _PROJECT = OpenApiParameter(
@@ -34,13 +39,14 @@ _PROJECT = OpenApiParameter(
     partial_update=extend_schema(
         summary="Change a template: the keys given replace its own (container key by key)",
         parameters=[_PROJECT],
-        request=TemplateWriteSerializer(partial=True),
+        request=TemplateChangeSerializer(partial=True),
         responses={200: TemplateSerializer},
     ),
     destroy=extend_schema(summary="Delete a template", parameters=[_PROJECT]),
 )
 class TemplateViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    schema_error_statuses = {"POST": ("404",)}  # a body naming a project not the caller's
+    # A body or a ?project= naming a project not the caller's; a name with no template.
+    schema_error_statuses = ("404",)
     serializer_class = TemplateSerializer
     queryset = LaunchTemplate.objects.none()
     lookup_field = "name"
