@@ -573,7 +573,7 @@ class UlimitOutSerializer(serializers.Serializer):
     hard = serializers.IntegerField(help_text="-1: unlimited.")
 
 
-class ContainerResourcesSerializer(serializers.Serializer):
+class ContainerShareSerializer(serializers.Serializer):
     """What the container gets on one server besides its GPUs (docs/reservations.md, "Resources")."""
 
     server = serializers.CharField()
@@ -605,7 +605,7 @@ class ReservationDetailSerializer(ReservationSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(ContainerResourcesSerializer(many=True))
+    @extend_schema_field(ContainerShareSerializer(many=True))
     def get_container_resources(self, reservation: Reservation) -> list[dict[str, Any]]:
         return resources.for_reservation(reservation)
 
