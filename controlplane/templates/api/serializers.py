@@ -186,8 +186,16 @@ def template_answer(template: Any) -> dict[str, Any]:
     ).data
 
 
+class TemplateContainerChangeSerializer(TemplateContainerSerializer):
+    """A change's container: the keys given replace the template's, so none is required here; the result is
+    read whole by TemplateContainerSerializer."""
+
+    image = serializers.CharField(max_length=ContainerSerializer().fields["image"].max_length, required=False)
+
+
 class TemplateChangeSerializer(TemplateWriteSerializer):
     """A change (PATCH): any of a template's keys but its address (name and project, the URL's)."""
 
     project = None  # type: ignore[assignment]
     name = None  # type: ignore[assignment]
+    container = TemplateContainerChangeSerializer(required=False, help_text="The keys to change, key by key.")
