@@ -61,6 +61,8 @@ INSTALLED_APPS = [
     "controlplane.dispatch",
     "controlplane.accounting",
     "controlplane.scheduling",
+    # Launch templates (docs/templates.md): above reservations, whose booking it writes templates into.
+    "controlplane.templates",
     # Last: whole-system tools (runsystem, the demo data) that build on every app above.
     "controlplane.system",
     # At the top of the layers: it subscribes to the others' domain events; no app imports it.
@@ -520,3 +522,21 @@ IMAGES_CHECK_UNREACHABLE_TTL_S = env_float("IMAGES_CHECK_UNREACHABLE_TTL_S", 60.
 IMAGES_CHECK_FOUND_TTL_S = env_float("IMAGES_CHECK_FOUND_TTL_S", 300.0, minimum=0.0)
 # The vault app (controlplane/vault): below reservations, which name its secrets at booking.
 INSTALLED_APPS.insert(INSTALLED_APPS.index("controlplane.reservations"), "controlplane.vault")
+
+# --- Container resources (docs/reservations.md, "Resources") --------------------------------------------
+# What a container gets of its server besides its GPUs, in proportion to the GPUs (MIG memory slices) it holds
+# there: "proportional" CPU cores and host memory (after what is kept for the system), or "none" (no limit).
+CONTAINER_CPU_POLICY = env_str("CONTAINER_CPU_POLICY", "proportional")
+CONTAINER_MEMORY_POLICY = env_str("CONTAINER_MEMORY_POLICY", "proportional")
+# Cores and the share of host memory kept for the system (agent, engine, page cache) before the split.
+CONTAINER_SYSTEM_CPUS = env_int("CONTAINER_SYSTEM_CPUS", 0, minimum=0)
+CONTAINER_SYSTEM_MEMORY_FRACTION = env_float("CONTAINER_SYSTEM_MEMORY_FRACTION", 0.1, minimum=0.0)
+# /dev/shm for PyTorch's DataLoader workers: this share of the container's memory, within the bounds; when the
+# server's memory is unknown, the fixed size.
+CONTAINER_SHM_FRACTION = env_float("CONTAINER_SHM_FRACTION", 0.5, minimum=0.0)
+CONTAINER_SHM_MIN_MIB = env_int("CONTAINER_SHM_MIN_MIB", 1024, minimum=1)
+CONTAINER_SHM_MAX_MIB = env_int("CONTAINER_SHM_MAX_MIB", 65536, minimum=1)
+CONTAINER_SHM_UNKNOWN_MIB = env_int("CONTAINER_SHM_UNKNOWN_MIB", 8192, minimum=1)
+# name=soft[:hard], as docker run --ulimit; -1 is unlimited. NVIDIA's recommendation for its framework
+# containers: memlock unlimited, a 64 MB stack.
+CONTAINER_ULIMITS = env_str("CONTAINER_ULIMITS", "memlock=-1,stack=67108864")

@@ -14,6 +14,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("controlplane.accounting.api.urls")),
     path("", include("controlplane.scheduling.api.urls")),
     path("", include("controlplane.notifications.api.urls")),
+    path("", include("controlplane.templates.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
 ]

@@ -86,6 +86,8 @@ def _summary(detail: dict[str, Any], state: State) -> None:
         ["gpus", f"{spec_text(detail['spec'])}: {_gpus_text(detail.get('allocations', []))}"],
         ["image", detail["image"]],
     ]
+    if detail.get("template"):
+        rows.append(["template", str(detail["template"])])
     if detail.get("command"):
         rows.append(["command", " ".join(detail["command"])])
     if detail.get("env"):
@@ -154,10 +156,21 @@ def gpus(state: State, models: tuple[str, ...], count: int, hours: float, within
 
 
 @click.command()
-@click.option("--gpus", "count", type=click.IntRange(min=1), default=1, show_default=True, help="How many GPUs.")
-@click.option("--model", "-m", required=True, help="The catalog GPU model, e.g. H100-80GB.")
-@click.option("--hours", type=click.FloatRange(min=0, min_open=True), required=True, help="The window's length.")
-@click.option("--image", required=True, help="The container image to run.")
+@click.option(
+    "--template",
+    "-t",
+    metavar="NAME",
+    help="A launch template (`GET /api/v1/templates/`): its image, command, env, GPU spec and window length "
+    "fill what the other options leave out; those given override it.",
+)
+@click.option("--gpus", "count", type=click.IntRange(min=1), default=None, help="How many GPUs  [default: 1].")
+@click.option("--model", "-m", help="The catalog GPU model, e.g. H100-80GB (required without --template).")
+@click.option(
+    "--hours",
+    type=click.FloatRange(min=0, min_open=True),
+    help="The window's length (required without --template, whose length is the default).",
+)
+@click.option("--image", help="The container image to run (required without --template).")
 @click.option("--project", "-p", help="The project's slug (default: your only project).")
 @click.option("--name", help="A name for the reservation (default: from the image).")
 @click.option("--start", default="now", show_default=True, help='"now" or an ISO 8601 time (local zone if none given).')
@@ -192,10 +205,11 @@ def gpus(state: State, models: tuple[str, ...], count: int, hours: float, within
 @pass_state
 def book(
     state: State,
-    count: int,
-    model: str,
-    hours: float,
-    image: str,
+    template: str | None,
+    count: int | None,
+    model: str | None,
+    hours: float | None,
+    image: str | None,
     project: str | None,
     name: str | None,
     start: str,
@@ -213,11 +227,40 @@ def book(
 
     \b
     gpucp book --gpus 2 --model H100-80GB --hours 4 --image registry.example/train:1 -- python train.py
+
+    From a launch template, overriding what it gives:
+
+    \b
+    gpucp book --template pytorch --gpus 2 -- python train.py
     """
+    if template is None:
+        missing = [f"--{name}" for name, value in (("model", model), ("hours", hours), ("image", image)) if not value]
+        if missing:
+            raise click.UsageError(f"Give {', '.join(missing)}, or --template NAME.")
     sent_start, _ = _start(start)
     variables = _env(env)
     mounts = [*(_volume(v) for v in volume_args), *(_dataset(d) for d in dataset_args)]
     api = state.api()
+    if template is not None:
+        body = _template_body(
+            template,
+            project=default_project(api, project),
+            name=name,
+            count=count,
+            model=model,
+            hours=hours,
+            image=image,
+            start=sent_start,
+            command=list(command),
+            env=variables,
+            mounts=mounts,
+            network=network,
+        )
+        detail = api.post(path("reservations"), body, key=idempotency_key or str(uuid.uuid4()))
+        _booked(detail, state)
+        return
+    assert model is not None and hours is not None and image is not None
+    count = count or 1
     body = {
         "project": default_project(api, project),
         "name": name or _default_name(image),
@@ -236,12 +279,53 @@ def book(
     }
     # One key for every attempt of this booking: a retry after a lost answer replays it, never books twice.
     detail = api.post(path("reservations"), body, key=idempotency_key or str(uuid.uuid4()))
+    _booked(detail, state)
+
+
+def _booked(detail: dict[str, Any], state: State) -> None:
     if state.json:
         emit_json(detail)
         return
     click.echo("Booked:")
     _summary(detail, state)
     click.echo(f"`gpucp show {detail['id']}` follows it.")
+
+
+def _template_body(
+    template: str,
+    *,
+    project: str,
+    name: str | None,
+    count: int | None,
+    model: str | None,
+    hours: float | None,
+    image: str | None,
+    start: str,
+    command: list[str],
+    env: dict[str, str],
+    mounts: list[dict[str, Any]],
+    network: str | None,
+) -> dict[str, Any]:
+    """A booking from a template: only what the options give is sent, the API fills in the template's."""
+    spec = {**({"gpu_model": model} if model else {}), **({"gpu_count": count} if count else {})}
+    window: dict[str, Any] = {"start": start}
+    if hours:
+        window["duration"] = max(1, round(hours * 3600))
+    container = {
+        **({"image": image} if image else {}),
+        **({"command": command} if command else {}),
+        **({"env": env} if env else {}),
+        **({"volumes": mounts} if mounts else {}),
+        **({"network": network} if network else {}),
+    }
+    return {
+        "project": project,
+        "name": name or (_default_name(image) if image else template),
+        "template": template,
+        **({"spec": spec} if spec else {}),
+        "window": window,
+        **({"container": container} if container else {}),
+    }
 
 
 @click.command(name="ls")

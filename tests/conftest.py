@@ -153,3 +153,10 @@ def _migration_data(request: pytest.FixtureRequest) -> None:
     from tests.scheduling.support import restore_priority_classes
 
     restore_priority_classes()
+    # Launch templates: the shipped operator-wide ones (controlplane/templates/shipped.py), loaded idempotently.
+    from django.utils import timezone
+
+    from controlplane.templates.models import LaunchTemplate
+    from controlplane.templates.shipped import load
+
+    load(LaunchTemplate, now=timezone.now())

@@ -170,6 +170,8 @@ class World:
             "tokens": ApiTokenFactory(user=owner, name="spare").pk,
             "datasets": dataset_create(name="imagenet", allowed_projects=[self.project], actor=operator).name,
             "volumes": volume_create(project=self.project, name="data", size_limit_gib=10, actor=owner).name,
+            # A shipped operator-wide launch template (controlplane/templates/shipped.py).
+            "templates": "pytorch",
             "requests": request_submit(
                 project=self.project,
                 name="queued",

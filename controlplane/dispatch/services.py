@@ -23,7 +23,7 @@ from typing import Any
 import requests
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef
+from django.db.models import Count, DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Subquery
 from django.utils import timezone
 
 from controlplane.core.broker import broker_guard
@@ -34,6 +34,7 @@ from controlplane.fleet.models import NodeCredential
 from controlplane.inventory.choices import ServerState
 from controlplane.inventory.models import Gpu, Server
 from controlplane.ledger.services import lock_project
+from controlplane.reservations import resources
 from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.services import reservation_finish, reservation_mark
@@ -218,6 +219,7 @@ def _desired_container(
     ssh_keys: list[schema.AuthorizedKey] | None = None,
     mounts: tuple[list[schema.VolumeMount], str | None] | None = None,
     material: vault.LaunchMaterial | None = None,
+    resources: tuple[schema.ContainerResources, int | None] | None = None,
 ) -> schema.DesiredContainer:
     # Deferred: recovery (node loss) builds on these services, and holds the one rule of replaceable work.
     from controlplane.dispatch.recovery import replaceable
@@ -251,6 +253,9 @@ def _desired_container(
         # The project's credential for the image's registry and the secrets' values, as of this launch.
         registry_auth=material.registry_auth if material else None,
         secrets=material.secrets if material else [],
+        # CPUs, /dev/shm, ulimits and host memory by the operator's policy (reservations/resources.py).
+        resources=None if resources is None else resources[0],
+        memory_limit_mib=None if resources is None else resources[1],
     )
 
 
@@ -278,6 +283,7 @@ def node_desired_state(
     mounts = hooks.container_mounts([launch.reservation for launch in running])
     # One read for the registry credentials and secrets of every launch here (docs/images.md).
     material = vault.launch_material({launch.reservation_id: launch.reservation for launch in running}.values())
+    shares = _container_resources(server, running)
     for launch in running:
         desired.append(
             _desired_container(
@@ -285,9 +291,48 @@ def node_desired_state(
                 ssh_keys=keys.get(launch.reservation.project_id),
                 mounts=mounts.get(launch.reservation_id),
                 material=material.get(launch.reservation_id),
+                resources=shares.get(launch.reservation_id),
             )
         )
     return desired, stop
+
+
+def _container_resources(
+    server: Server, running: list[Launch]
+) -> dict[int, tuple[schema.ContainerResources, int | None]]:
+    """Per reservation, what its container gets on ``server`` (reservations/resources.py), for an agent that
+    applies it (``NodeFacts.pulls``); an older agent is sent none. One read for every launch: the memory slices
+    each holds here, and the server's GPU count beside them."""
+    facts = server.facts or {}
+    if not running or not facts.get("pulls"):
+        return {}
+    count = (
+        Gpu.objects.filter(server_id=server.pk, present=True)
+        .order_by()
+        .values("server_id")
+        .annotate(n=Count("id"))
+        .values("n")[:1]
+    )
+    rows = (
+        Allocation.objects.filter(
+            reservation_id__in=[launch.reservation_id for launch in running], server_id=server.pk, active=True
+        )
+        .order_by()
+        .annotate(server_gpus=Subquery(count))
+        .values_list("reservation_id", "slice_start", "slice_end", "server_gpus")
+    )
+    held: dict[int, int] = {}
+    server_gpus = 0
+    for reservation_id, start, end, gpus in rows:
+        held[reservation_id] = held.get(reservation_id, 0) + (end - start)
+        server_gpus = gpus or 0
+    rules = resources.policy()
+    return {
+        reservation_id: resources.container_resources(
+            held_slices=slices, server_gpus=server_gpus, facts=facts, rules=rules
+        )
+        for reservation_id, slices in held.items()
+    }
 
 
 @functools.cache

@@ -135,3 +135,29 @@ def yielded(reservation: Any, by: Any, at: Any) -> None:
     (a reservation, or None) at ``at``."""
     for listener in list(_on_yielded):
         listener(reservation, by, at)
+
+
+# -- Launch templates (docs/templates.md) -----------------------------------------------------------------------
+# A booking may name a template (``"template": "<name>"``); the templates app, above this one, writes it out
+# into the request before the one reading of a booking judges it. Registered by the templates app; without it a
+# booking naming a template is a 400 naming the field.
+TemplateExpander = Callable[..., tuple[dict[str, Any], str]]
+_templates: TemplateExpander | None = None
+
+
+def register_templates(expander: TemplateExpander) -> None:
+    global _templates
+    _templates = expander
+
+
+def expand_template(data: dict[str, Any], *, project: Any, queue: bool = False) -> tuple[dict[str, Any], str]:
+    """``data`` (a booking request naming a template) written out with the template's values, and the
+    template's name; ``project`` is the booking's, when the view has read it (its own templates shadow the
+    operator-wide ones), else None. ``queue``: a queued request's body (its length is ``duration``, not a
+    window)."""
+    from controlplane.core.errors import ValidationFailed
+
+    if _templates is None:
+        message = "Launch templates are not part of this installation."
+        raise ValidationFailed(message, fields={"template": [message]})
+    return _templates(data, project=project, queue=queue)

@@ -48,6 +48,9 @@ class Reservation(models.Model):
     network = models.CharField(max_length=16, choices=NetworkMode.choices, default=NetworkMode.NONE)
     # The project secrets its container gets, by name only: [{"name", "env", "file"}] (docs/images.md).
     secrets = models.JSONField(default=list, blank=True)
+    # The launch template it was booked from, by name (docs/templates.md); "" when none. A name, not a key: the
+    # template may change or go, the reservation keeps what it was booked with.
+    template = models.CharField(max_length=63, blank=True, default="")
     state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.PENDING)
     # Snapshots taken at booking from whoever booked it (the queue's class, docs/scheduling.md), so this app
     # needs nothing above it: a preemptible reservation may be cut short by a non-preemptible booking, with

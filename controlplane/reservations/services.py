@@ -258,8 +258,11 @@ def reservation_create(
     preemptible: bool = False,
     notice_seconds: int = 0,
     credit_multiplier: Decimal = Decimal(1),
+    template: str = "",
 ) -> Reservation:
     """Book GPUs for a window: place, check the quota, allocate, hold the credits. All or nothing.
+
+    ``template``: the launch template the request was written out from (docs/templates.md), kept by name.
 
     ``preemptible``, ``notice_seconds`` and ``credit_multiplier`` are the booker's class (the queue's,
     docs/scheduling.md), kept on the reservation. A non-preemptible booking that finds its GPUs held only by
@@ -305,6 +308,7 @@ def reservation_create(
         volumes=mounts,
         network=container.network,
         secrets=[secret.stored() for secret in container.secrets],
+        template=template,
         state=ReservationState.SCHEDULED,
         preemptible=preemptible,
         notice_seconds=notice_seconds,

@@ -13,7 +13,7 @@ from rest_framework import serializers
 from controlplane.accounts.models import Project
 from controlplane.core.api.fields import AwareDateTimeField, SlugRelatedField, StrictBooleanField
 from controlplane.inventory.models import GpuModel
-from controlplane.reservations import hooks
+from controlplane.reservations import hooks, resources
 from controlplane.reservations.api.fields import (
     DurationField,
     EnvField,
@@ -316,6 +316,15 @@ class ReservationCreateSerializer(ProjectWorkSerializer):
     spec = BookingSpecSerializer()
     window = WindowSerializer()
     container = ContainerSerializer()
+    # Written out into the body before this serializer reads it (templates app, docs/templates.md): declared
+    # for the schema's sake, never read here.
+    template = serializers.CharField(
+        max_length=63,
+        required=False,
+        help_text="A launch template's name: its container, spec and window length fill what the request leaves "
+        "out (spec and container keys given override the template's; a window with only a start lasts the "
+        "template's length).",
+    )
 
     def to_domain(self) -> dict[str, Any]:
         data = self.validated_data
@@ -502,6 +511,7 @@ class ReservationSerializer(serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     spec = SpecOutSerializer(source="*", read_only=True)
     cost = serializers.SerializerMethodField()
+    template = serializers.SerializerMethodField()
     credit_multiplier = serializers.DecimalField(max_digits=6, decimal_places=3, read_only=True)
     preempted_by = serializers.UUIDField(
         source="preempted_by.public_id",
@@ -535,8 +545,13 @@ class ReservationSerializer(serializers.ModelSerializer):
             "notice_seconds",
             "credit_multiplier",
             "preempted_by",
+            "template",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True, help_text="The launch template it was booked from."))
+    def get_template(self, reservation: Reservation) -> str | None:
+        return reservation.template or None
 
     @extend_schema_field(CostSerializer)
     def get_cost(self, reservation: Reservation) -> dict[str, Any]:
@@ -601,15 +616,47 @@ class AccessSerializer(serializers.Serializer):
     ssh = SshAccessSerializer(many=True, help_text="One entry per server the reservation runs on.")
 
 
+class UlimitOutSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    soft = serializers.IntegerField(help_text="-1: unlimited.")
+    hard = serializers.IntegerField(help_text="-1: unlimited.")
+
+
+class ContainerShareSerializer(serializers.Serializer):
+    """What the container gets on one server besides its GPUs (docs/reservations.md, "Resources")."""
+
+    server = serializers.CharField()
+    gpu_share = serializers.FloatField(help_text="The share of the server's GPUs held there (MIG slices in part).")
+    cpus = serializers.IntegerField(allow_null=True, help_text="CPU cores it is pinned to; null: not limited.")
+    memory_mib = serializers.IntegerField(allow_null=True, help_text="Its host memory limit; null: not limited.")
+    shm_mib = serializers.IntegerField(help_text="The size of its /dev/shm.")
+    ulimits = UlimitOutSerializer(many=True)
+    notes = serializers.ListField(child=serializers.CharField(), help_text="Why a limit is not set, if one is not.")
+
+
 class ReservationDetailSerializer(ReservationSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
     events = ReservationEventSerializer(many=True, read_only=True)
     access = serializers.SerializerMethodField()
     warnings = serializers.SerializerMethodField(help_text=WARNINGS_HELP + " Empty on a later read.")
+    container_resources = serializers.SerializerMethodField(
+        help_text="Per server, the CPUs, host memory, /dev/shm and ulimits its container gets by the operator's policy."
+    )
 
     class Meta(ReservationSerializer.Meta):
-        fields = [*ReservationSerializer.Meta.fields, "allocations", "events", "access", "warnings"]
+        fields = [
+            *ReservationSerializer.Meta.fields,
+            "allocations",
+            "events",
+            "access",
+            "warnings",
+            "container_resources",
+        ]
         read_only_fields = fields
+
+    @extend_schema_field(ContainerShareSerializer(many=True))
+    def get_container_resources(self, reservation: Reservation) -> list[dict[str, Any]]:
+        return resources.for_reservation(reservation)
 
     @extend_schema_field(AccessSerializer)
     def get_access(self, reservation: Reservation) -> dict[str, Any]:
@@ -669,6 +716,7 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
         "notice_seconds": int(reservation.notice_seconds),
         "credit_multiplier": _DECIMAL3.to_representation(reservation.credit_multiplier),
         "preempted_by": _preempted_by(reservation),
+        "template": reservation.template or None,
         "allocations": [
             {
                 "gpu": str(a.gpu.uuid),
@@ -697,4 +745,5 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
         ],
         "access": hooks.access_for(reservation),
         "warnings": list(getattr(reservation, "warnings", [])),
+        "container_resources": resources.for_reservation(reservation),
     }

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
@@ -15,7 +16,7 @@ from controlplane.accounts.selectors import can_book, is_operator, projects_visi
 from controlplane.core.api.fields import DATE_TIME_SCHEMA
 from controlplane.core.errors import NotFound, PermissionDenied
 from controlplane.inventory.selectors import mig_weight_overrides
-from controlplane.reservations import services
+from controlplane.reservations import hooks, services
 from controlplane.reservations.api.serializers import (
     ExtendQuoteQuerySerializer,
     ExtendQuoteSerializer,
@@ -93,7 +94,8 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         "`quota_exceeded` naming the quota, the need and what is left. The image is checked at its registry "
         "with the project's credentials where the installation verifies images: 400 naming `container.image` "
         "when it is not found or the credentials are refused, a warning `image_not_checked` when the registry "
-        "cannot be reached (docs/images.md).",
+        "cannot be reached (docs/images.md). With `template` (docs/templates.md) the template's container, spec "
+        "and window length fill what the request leaves out.",
     )
     def create(self, request: Request) -> Response:
         data: Any = request.data
@@ -113,6 +115,14 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             # The role before the rest of the body: a viewer is refused whatever else the request holds.
             if not (is_operator(request.user) or target.role in BOOKING_ROLES):
                 raise PermissionDenied("Booking needs the owner or member role in the project.")
+        template = ""
+        if isinstance(data, dict) and "template" in data:
+            # A template is written out into the request first, so the one reading below judges the result.
+            data, template = hooks.expand_template(data, project=None if target is None else target.project)
+            if target is not None and target.gpu_model is not None:
+                spec = data.get("spec")
+                if not isinstance(spec, dict) or spec.get("gpu_model") != target.gpu_model.name:
+                    target = replace(target, gpu_model=None)  # the template's model: the field reads it
         # The one reading of a booking (ReservationCreateSerializer), given what that read found.
         if target is None:
             args = read_booking(data, projects=projects_visible_to(request.user))
@@ -121,7 +131,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         # The image: syntax and the allow-list, then (IMAGES_CHECK_AT_BOOKING "verify") a manifest request with the
         # project's credentials, before any lock is taken; a registry that does not answer is a warning.
         image_warnings = check_image(project=args["project"], image=args["container"].image.strip())
-        reservation = services.reservation_create(actor=request.user, **args)
+        reservation = services.reservation_create(actor=request.user, template=template, **args)
         if image_warnings:
             reservation.warnings = [*image_warnings, *getattr(reservation, "warnings", [])]  # type: ignore[attr-defined]
         # The service hands back the reservation with its allocations and events: no need to read it again.

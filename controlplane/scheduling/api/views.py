@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from controlplane.accounts.api.permissions import IsOperator
 from controlplane.accounts.selectors import can_book, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied
+from controlplane.reservations import hooks as reservation_hooks
 from controlplane.scheduling import services
 from controlplane.scheduling.api.serializers import (
     FairShareSerializer,
@@ -102,6 +103,7 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         data: Any = request.data
         slug = data.get("project") if isinstance(data, dict) else None
         projects = projects_visible_to(request.user)
+        project = None
         if isinstance(slug, str):
             # The project and the role before the rest of the body, as for a booking.
             project = projects.filter(slug=slug).first()
@@ -109,6 +111,9 @@ class QueuedRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
                 raise NotFound("No such project among yours.", fields={"project": ["No such project."]})
             if not can_book(request.user, project):
                 raise PermissionDenied(_ROLE)
+        if isinstance(data, dict) and "template" in data:
+            # A launch template written out first (docs/templates.md), as a booking's is.
+            data, _ = reservation_hooks.expand_template(data, project=project, queue=True)
         serializer = QueuedRequestCreateSerializer(data=data, projects=projects)
         serializer.is_valid(raise_exception=True)
         args = serializer.to_domain()

@@ -122,6 +122,8 @@ export interface Reservation {
   preempted_by?: string | null;
   /** The project secrets it gets, by name (docs/images.md); values are never in an answer. */
   secrets?: SecretUse[];
+  /** The launch template it was booked from (docs/templates.md), or null. */
+  template?: string | null;
 }
 
 export interface Allocation {
@@ -172,6 +174,39 @@ export interface ReservationDetail extends Reservation {
   allocations: Allocation[];
   events: ReservationEvent[];
   access: ReservationAccess;
+  /** Per server, what the container gets besides its GPUs (docs/reservations.md, "Resources"). */
+  container_resources?: ContainerResources[];
+}
+
+export interface ContainerResources {
+  server: string;
+  gpu_share: number;
+  /** null: not limited (notes say why). */
+  cpus: number | null;
+  memory_mib: number | null;
+  shm_mib: number;
+  ulimits: { name: string; soft: number; hard: number }[];
+  notes: string[];
+}
+
+/** A launch template (docs/templates.md): a booking's container and spec, named ports and a window length. */
+export interface LaunchTemplate {
+  project: string | null;
+  name: string;
+  title: string;
+  description: string;
+  container: {
+    image: string;
+    command: string[];
+    env: Record<string, string>;
+    secrets: { name: string; env?: string; file?: string }[];
+    volumes: Record<string, unknown>[];
+    network: string;
+  };
+  spec: { gpu_model?: string; min_memory_mib?: number; gpu_count?: number; whole_servers?: number } | null;
+  ports: { name: string; port: number; protocol: string }[];
+  /** The default window length, in seconds. */
+  duration: number;
 }
 
 export type ServerState = "commissioning" | "ready" | "draining" | "maintenance" | "offline" | "retired";

@@ -19,7 +19,7 @@ import { useNavigate } from "react-router";
 
 import { ApiError, api } from "../api/client";
 import { useBalances, useGpuModels, useMe, useQuotas, useServers } from "../api/hooks";
-import type { EarliestAnswer, FreeAnswer, ReservationDetail, TimelineAnswer } from "../api/types";
+import type { EarliestAnswer, FreeAnswer, LaunchTemplate, Page, ReservationDetail, TimelineAnswer } from "../api/types";
 import { ErrorAlert, QueryState } from "../components/QueryState";
 import { ContainerFields, SecretFields, SpecFields } from "../components/BookingFields";
 import { DateTimeInput } from "../components/DateTimeInput";
@@ -29,6 +29,7 @@ import { formatCredits, formatDateTime, formatHours, formatRelative, zoneLabel }
 import { commandWords } from "../lib/queue";
 import { hoursBetween, quotaEffect } from "../lib/quota";
 import { secretProblems, secretsBody, warningsOf, type SecretChoice } from "../lib/secrets";
+import { templateFill, templateLabel } from "../lib/templates";
 
 const HOUR = 3_600_000;
 
@@ -64,6 +65,31 @@ export function AvailabilityPage() {
   const [image, setImage] = useState("gpucp-busybox:test");
   const [command, setCommand] = useState("");
   const [secrets, setSecrets] = useState<SecretChoice[]>([]);
+  // A launch template (docs/templates.md): picking one fills the form; the booking names it, so what the form
+  // does not show (env, secrets, volumes, network) comes from the template on the server.
+  const [template, setTemplate] = useState<string | null>(null);
+  const templates = useQuery({
+    queryKey: ["templates", project],
+    enabled: !!project,
+    queryFn: async () => (await api.get<Page<LaunchTemplate>>("templates/", { project, limit: 200 })).results,
+  });
+  // Another project has other templates: the pick does not carry over.
+  useEffect(() => setTemplate(null), [project]);
+  function pickTemplate(picked: string | null) {
+    setTemplate(picked);
+    const t = templates.data?.find((x) => x.name === picked);
+    if (!t) return;
+    const fill = templateFill(t, startNow ? Date.now() : start);
+    setName(fill.name);
+    setImage(fill.image);
+    setCommand(fill.command);
+    if (fill.model && models.data?.some((m) => m.name === fill.model)) {
+      setModel(fill.model);
+      setViewModel(fill.model);
+    }
+    if (fill.count) setCount(fill.count);
+    setEnd(fill.end);
+  }
 
   // The visible range is fixed per page view so the timeline does not shift under the pointer.
   const rangeStart = useMemo(() => Math.floor(Date.now() / HOUR) * HOUR, []);
@@ -134,6 +160,7 @@ export function AvailabilityPage() {
       api.post<ReservationDetail>("reservations/", {
         project,
         name,
+        ...(template ? { template } : {}),
         spec: { gpu_model: model, gpu_count: count },
         // "now" lets the server pick the instant, so a slow click never books a window already begun.
         window: { start: startNow ? "now" : startDate.toISOString(), end: endDate.toISOString() },
@@ -265,6 +292,17 @@ export function AvailabilityPage() {
                 onChange={setProject}
                 error={fieldErr("project")}
                 allowDeselect={false}
+              />
+              <Select
+                label="Template"
+                description="Fills the form; its env, secrets and mounts come with it"
+                placeholder="None"
+                clearable
+                data={(templates.data ?? []).map((t) => ({ value: t.name, label: templateLabel(t) }))}
+                value={template}
+                onChange={pickTemplate}
+                error={fieldErr("template")}
+                data-testid="template-picker"
               />
               <SpecFields
                 models={models.data ?? []}

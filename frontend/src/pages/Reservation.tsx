@@ -122,6 +122,11 @@ function ReservationView({ r }: { r: ReservationDetail }) {
           </Text>
           <Text size="sm" c="dimmed">
             <Code>{r.image}</Code> {r.command?.length ? <Code>{r.command.join(" ")}</Code> : null}
+            {r.template ? (
+              <span data-testid="reservation-template">
+                {" "}· from template <Code>{r.template}</Code>
+              </span>
+            ) : null}
           </Text>
           {(r.volumes?.length > 0 || (r.network && r.network !== "none")) && (
             <Text size="sm" c="dimmed">
@@ -145,6 +150,8 @@ function ReservationView({ r }: { r: ReservationDetail }) {
       <CostPanel r={r} />
 
       <ConnectPanel access={r.access} reservationId={r.id} />
+
+      <ResourcesPanel r={r} />
 
       <Grid>
         <Grid.Col span={{ base: 12, md: 7 }}>
@@ -731,4 +738,53 @@ function ExtendForm({ r, act }: { r: ReservationDetail; act: ActMutation }) {
 /** A class's price factor in words: "0.5 ×". */
 function multiplierText(m: string | undefined): string {
   return `${m ? Number(m).toLocaleString("en-US", { maximumFractionDigits: 3 }) : "1"} ×`;
+}
+
+function mib(n: number): string {
+  return n >= 1024 ? `${(n / 1024).toFixed(n % 1024 === 0 ? 0 : 1)} GiB` : `${n} MiB`;
+}
+
+function ulimitText(u: { name: string; soft: number; hard: number }): string {
+  const v = (x: number) => (x === -1 ? "unlimited" : String(x));
+  return u.soft === u.hard ? `${u.name} ${v(u.soft)}` : `${u.name} ${v(u.soft)}:${v(u.hard)}`;
+}
+
+/** What the container gets besides its GPUs, per server, by the operator's policy (docs/reservations.md). */
+function ResourcesPanel({ r }: { r: ReservationDetail }) {
+  const rows = r.container_resources ?? [];
+  if (rows.length === 0) return null;
+  return (
+    <Card withBorder data-testid="container-resources">
+      <Text fw={600} mb="xs">Container resources</Text>
+      <ResponsiveTable minWidth={520} aria-label="Container resources">
+        <Table.Thead>
+          <Table.Tr>
+            <Table.Th>Server</Table.Th>
+            <Table.Th>GPU share</Table.Th>
+            <Table.Th>CPUs</Table.Th>
+            <Table.Th>Memory</Table.Th>
+            <Table.Th>/dev/shm</Table.Th>
+            <Table.Th>Ulimits</Table.Th>
+          </Table.Tr>
+        </Table.Thead>
+        <Table.Tbody>
+          {rows.map((c) => (
+            <Table.Tr key={c.server}>
+              <Table.Td data-label="Server">{c.server}</Table.Td>
+              <Table.Td data-label="GPU share">{Math.round(c.gpu_share * 1000) / 10}%</Table.Td>
+              <Table.Td data-label="CPUs">{c.cpus ?? "not limited"}</Table.Td>
+              <Table.Td data-label="Memory">{c.memory_mib === null ? "not limited" : mib(c.memory_mib)}</Table.Td>
+              <Table.Td data-label="/dev/shm">{mib(c.shm_mib)}</Table.Td>
+              <Table.Td data-label="Ulimits">{c.ulimits.map(ulimitText).join(", ") || "-"}</Table.Td>
+            </Table.Tr>
+          ))}
+        </Table.Tbody>
+      </ResponsiveTable>
+      {rows.flatMap((c) => c.notes.map((n) => `${c.server}: ${n}`)).map((n) => (
+        <Text key={n} size="xs" c="dimmed">
+          {n}
+        </Text>
+      ))}
+    </Card>
+  );
 }
