@@ -115,6 +115,8 @@ class Launch:
     replaceable: bool = False
     # The launch's image was pulled for it (a second "not found" after that fails the launch).
     pulled: bool = False
+    # Creates started again because the engine could not raise a ulimit (bounded: never a loop).
+    ulimit_retries: int = 0
     # While its image is pulled: how far the pull has come (reported with the launch).
     pull: schema.PullProgress | None = None
     # The repository digest of the image the container was created from, once known.

@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 CONFLICT_WAIT_S = 10.0
 # Under the state directory: the ulimits the engine could not raise (a JSON list of names).
 ULIMITS_REFUSED_FILE = "ulimits-refused.json"
+# How often one launch is created again without a ulimit the engine refused, before its start fails for good.
+MAX_ULIMIT_RETRIES = 3
 # How long before its window a launch's container is created (not started).
 PREPARE_AHEAD_S = 30.0
 # The longest a reconcile waits for its starts when no other window is about to open.
@@ -604,8 +606,10 @@ class DockerRuntime:
                 launch.pulled = True
             if outcome.ulimit_refused is not None:
                 self._ulimit_refused(outcome.ulimit_refused)
-                launch.container = None
-                continue  # the next reconcile creates it again, without what the engine cannot grant
+                launch.ulimit_retries += 1
+                if launch.ulimit_retries <= MAX_ULIMIT_RETRIES:
+                    launch.container = None
+                    continue  # the next reconcile creates it again, without what the engine cannot grant
             if outcome.failure is not None:
                 self._fail(launch, outcome.failure)
             elif outcome.needs_pull:
@@ -686,10 +690,10 @@ class DockerRuntime:
                 # would look like a live holder of its GPUs.
                 with contextlib.suppress(NotFound, APIError):
                     container.remove(force=True)
+                failure = f"the container did not start: {exc.explanation or exc}"
+                # Also when another launch's start found it out first: this one was created before that was known.
                 refused = resources.refused_ulimit(str(exc.explanation or exc))
-                if refused is not None and refused not in self._ulimits_refused:
-                    return _Outcome(gone=True, ulimit_refused=refused)
-                return _Outcome(gone=True, failure=f"the container did not start: {exc.explanation or exc}")
+                return _Outcome(gone=True, failure=failure, ulimit_refused=refused)
         with contextlib.suppress(NotFound):
             container.reload()
         return _Outcome(container=container, started=True)
@@ -720,6 +724,8 @@ class DockerRuntime:
     def _ulimit_refused(self, name: str) -> None:
         """The engine cannot raise ``name`` (a dockerd without the privilege to, e.g. in a container of its own):
         remember it, here and on disk, so launches run with the engine's own limit instead of not at all."""
+        if name in self._ulimits_refused:
+            return
         self._ulimits_refused.add(name)
         path = self.state_dir / ULIMITS_REFUSED_FILE
         tmp = path.with_suffix(".tmp")

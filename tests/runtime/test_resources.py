@@ -335,3 +335,36 @@ def test_a_clean_exit_is_not_out_of_memory(make_runtime, make_desired, docker_cl
         timeout=30.0,
     )
     assert report.exit_code == 0 and report.oom_killed is False and report.error is None
+
+
+@pytest.mark.docker
+def test_a_launch_created_before_the_refusal_was_known_still_runs(make_runtime, make_desired, docker_client, node):  # type: ignore[no-untyped-def]
+    # Both created ahead of their windows with memlock unlimited, before the runtime knows its engine cannot grant
+    # it; the first start finds out, and the second, starting a second later from its old container, runs too.
+    if engine_can_raise_memlock(docker_client, "gpucp-busybox:test"):
+        pytest.skip("this engine may raise memlock: nothing is refused")
+    runtime = make_runtime()
+    first = make_desired(resources=TRAINING, command=["sleep", "60"])
+    second = make_desired(resources=TRAINING, command=["sleep", "60"], window_start=T0 + timedelta(seconds=1))
+    runtime.reconcile([first, second], [], T0 - timedelta(seconds=10))
+    assert runtime.wait_idle(30)
+    runtime.reconcile([first, second], [], T0 - timedelta(seconds=5))
+    ahead = {c.labels["gpucp.launch_id"]: c for c in ours(docker_client, node)}
+    assert {u["Name"] for u in ahead[second.launch_id].attrs["HostConfig"]["Ulimits"]} == {"memlock", "stack"}
+
+    def settle(now):  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 60
+        while True:
+            runtime.reconcile([first, second], [], now)
+            runtime.wait_idle(5)
+            states = {r.launch_id: r.state for r in runtime.report()}
+            assert "failed" not in states.values(), runtime.report()
+            if states.get(first.launch_id) == "running" and (
+                now < second.window_start or states.get(second.launch_id) == "running"
+            ):
+                return
+            assert time.monotonic() < deadline, runtime.report()
+
+    settle(T0)  # the first start meets the refusal and runs without memlock
+    assert "memlock" in (runtime.facts().detail or "")
+    settle(T0 + timedelta(seconds=1))  # the second's container still asks for it: created again, and it runs
