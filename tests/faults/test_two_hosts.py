@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import requests
+from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 
@@ -277,7 +278,12 @@ def test_one_host_lost_under_load_loses_and_duplicates_nothing(two_hosts, docker
         what="every booked reservation to run and end",
     )
     states = Counter(Reservation.objects.filter(pk__in=booked).values_list("state", flat=True))
-    assert states == {ReservationState.COMPLETED: len(booked)}, states  # none lost (failed: never started)
+    why = list(
+        ReservationEvent.objects.filter(reservation_id__in=booked, to_state=ReservationState.FAILED).values_list(
+            "reason", flat=True
+        )
+    )
+    assert states == {ReservationState.COMPLETED: len(booked)}, (states, why)  # none lost (failed: never started)
     opened_after_kill = Reservation.objects.filter(pk__in=booked, starts_at__gt=killed_at).count()
     assert opened_after_kill >= CLIENTS, "windows must open after the kill too"
 
@@ -307,7 +313,10 @@ def test_one_host_lost_under_load_loses_and_duplicates_nothing(two_hosts, docker
         ReservationEvent.objects.filter(
             reservation_id__in=booked,
             to_state__in=[ReservationState.SCHEDULED, ReservationState.STARTING, ReservationState.RUNNING],
-        ).values_list("reservation_id", "to_state")
+        )
+        # Notes in the trail (an image pulled ahead, docs/images.md) change no state.
+        .exclude(from_state=F("to_state"))
+        .values_list("reservation_id", "to_state")
     )
     assert set(changes.values()) == {1}, "each state entered once"
     to_type: dict[str, str] = {
