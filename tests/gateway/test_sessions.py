@@ -104,8 +104,17 @@ def test_a_session_is_reported_at_open_and_at_close_with_who_from_where_and_what
     before = len(world.events)
     result = world.ssh.ssh(world.keys["bob"], "res-a", "true")
     assert result.returncode == 0, result.stderr
-    wait_for(lambda: len(world.events) >= before + 2, what="the open and close events")
-    opened, closed = world.events[before : before + 2]
+
+    def this_session() -> list:  # type: ignore[type-arg]
+        # This session's own: an earlier test's session may still be closing, its event landing after ``before``.
+        later = [e for e in world.events[before:] if e.session is not None]
+        opens = [e for e in later if e.session.phase == "open" and e.session.user == "bob"]
+        if not opens:
+            return []
+        return [e for e in later if e.session.session_id == opens[0].session.session_id]
+
+    wait_for(lambda: len(this_session()) >= 2, what="the open and close events")
+    opened, closed = this_session()[:2]
     assert opened.kind == closed.kind == "session"
     assert opened.reservation == closed.reservation == "res-a"
     assert opened.session is not None and closed.session is not None
