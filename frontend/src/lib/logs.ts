@@ -69,7 +69,8 @@ export interface PullEvent {
   pull: PullProgress;
 }
 
-function megabytes(bytes: number): string {
+/** Bytes as "512.3 MB" (decimal, as registries and the engine count image sizes). */
+export function megabytes(bytes: number): string {
   return `${(bytes / 1e6).toFixed(1)} MB`;
 }
 

@@ -28,7 +28,7 @@ import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { ConnectPanel } from "../components/ConnectPanel";
 import { LogPanel } from "../components/LogPanel";
-import { pullText, type PullProgress } from "../lib/logs";
+import { megabytes, pullText, type PullProgress } from "../lib/logs";
 import { IdleBanner } from "../components/IdleBanner";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
 import { ResponsiveTable } from "../components/ResponsiveTable";
@@ -500,10 +500,6 @@ interface ImagePull {
   progress: PullProgress | null;
   error: string;
   reported_at: string;
-}
-
-function megabytes(bytes: number): string {
-  return `${(bytes / 1e6).toFixed(1)} MB`;
 }
 
 /** The image pulled ahead of the window on each server: pulling, on the node (with its digest), or failed. */
