@@ -23,7 +23,14 @@ from controlplane.inventory.models import Server
 from controlplane.reservations.choices import HOLDING_STATES, ReservationState
 from controlplane.reservations.models import Reservation
 from controlplane.reservations.services import reservation_create, reservation_mark
-from controlplane.reservations.specs import ContainerSpec, GpuSpec, Window, mounts_from_stored, secrets_from_stored
+from controlplane.reservations.specs import (
+    ContainerSpec,
+    GpuSpec,
+    Window,
+    mounts_from_stored,
+    ports_from_stored,
+    secrets_from_stored,
+)
 
 
 def replaceable(reservation: Reservation) -> bool:
@@ -140,6 +147,7 @@ def requeue(*, reservation: Reservation, now: datetime) -> Reservation | None:
                     volumes=mounts_from_stored(list(reservation.volumes or [])),
                     network=reservation.network,
                     secrets=secrets_from_stored(list(reservation.secrets or [])),
+                    ports=ports_from_stored(list(reservation.ports or [])),
                 ),
                 actor=None,
                 now=now,

@@ -48,6 +48,8 @@ class Reservation(models.Model):
     network = models.CharField(max_length=16, choices=NetworkMode.choices, default=NetworkMode.NONE)
     # The project secrets its container gets, by name only: [{"name", "env", "file"}] (docs/images.md).
     secrets = models.JSONField(default=list, blank=True)
+    # The named ports the container serves (docs/proxy.md): [{"name", "port", "protocol", "path", "auth"}].
+    ports = models.JSONField(default=list, blank=True)
     # The launch template it was booked from, by name (docs/templates.md); "" when none. A name, not a key: the
     # template may change or go, the reservation keeps what it was booked with.
     template = models.CharField(max_length=63, blank=True, default="")

@@ -308,6 +308,7 @@ def reservation_create(
         volumes=mounts,
         network=container.network,
         secrets=[secret.stored() for secret in container.secrets],
+        ports=[port.stored() for port in container.ports],
         template=template,
         state=ReservationState.SCHEDULED,
         preemptible=preemptible,

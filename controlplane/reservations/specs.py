@@ -256,6 +256,100 @@ def secret_problems(secrets: list[SecretRequest], env: dict[str, str]) -> dict[s
     return fields
 
 
+# Named ports (docs/proxy.md, "Named ports"): what the container serves, by name, for the browser proxy.
+MAX_PORTS = 16
+PORT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+PORT_PROTOCOLS = ("http", "https", "tcp")
+# "jupyter": the control plane makes the reservation a token, gives it to the container as JUPYTER_TOKEN and the
+# proxy signs every request in with it (docs/proxy.md, "JupyterLab in one click").
+PORT_AUTHS = ("none", "jupyter")
+# The variable each auth scheme hands its token to the container in.
+PORT_AUTH_ENV = {"jupyter": "JUPYTER_TOKEN"}
+# Names the proxy keeps for itself: the web terminal.
+RESERVED_PORT_NAMES = frozenset({"terminal"})
+_PORT_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/?#-]{0,511}")
+
+
+@dataclass(frozen=True)
+class WebPort:
+    """One port the container serves, by name (``jupyter``: 8888), and how the proxy opens it: ``protocol``
+    (only ``http`` opens in the browser), ``path`` (where Open lands) and ``auth`` (a token the proxy signs in
+    with)."""
+
+    name: str
+    port: int
+    protocol: str = "http"
+    path: str = "/"
+    auth: str = "none"
+
+    def stored(self) -> dict[str, object]:
+        return {"name": self.name, "port": self.port, "protocol": self.protocol, "path": self.path, "auth": self.auth}
+
+
+def ports_from_stored(ports: list[dict[str, object]]) -> list[WebPort]:
+    """Stored ports (``Reservation.ports``, a template's, a queued request's) as values again; older rows may
+    lack the keys that came later, which take their defaults."""
+    return [
+        WebPort(
+            name=str(p["name"]),
+            port=int(p["port"]),  # type: ignore[call-overload]
+            protocol=str(p.get("protocol") or "http"),
+            path=str(p.get("path") or "/"),
+            auth=str(p.get("auth") or "none"),
+        )
+        for p in ports
+    ]
+
+
+def port_problems(ports: list[WebPort], env: dict[str, str], *, at: str = "container.ports") -> dict[str, list[str]]:
+    """Per field (``container.ports.<i>.<part>``), what is wrong with the named ports: the name's pattern, a
+    reserved name, a port out of range, a name or a port given twice, an unknown protocol or auth, a path that
+    is not absolute, an auth on a port that is not http, two ports signing in, and an auth's variable that
+    ``container.env`` sets too."""
+    if len(ports) > MAX_PORTS:
+        return {at: [f"Ensure this field has no more than {MAX_PORTS} elements."]}
+    fields: dict[str, list[str]] = {}
+    names: dict[str, int] = {}
+    numbers: dict[int, int] = {}
+    signing: int | None = None
+    for i, port in enumerate(ports):
+        field_at = f"{at}.{i}"
+        if not isinstance(port.name, str) or not PORT_NAME.fullmatch(port.name):
+            fields[f"{field_at}.name"] = [
+                "A port's name: lowercase letters, digits and '-', starting with a letter (at most 32)."
+            ]
+        elif port.name in RESERVED_PORT_NAMES:
+            fields[f"{field_at}.name"] = [f'"{port.name}" is the web terminal\'s; give the port another name.']
+        elif port.name in names:
+            fields[f"{field_at}.name"] = [f"The name {port.name} is taken by {at}.{names[port.name]}."]
+        else:
+            names[port.name] = i
+        if isinstance(port.port, bool) or not isinstance(port.port, int) or not 1 <= port.port <= 65535:
+            fields[f"{field_at}.port"] = ["A TCP port from 1 to 65535."]
+        elif port.port in numbers:
+            fields[f"{field_at}.port"] = [f"The port {port.port} is taken by {at}.{numbers[port.port]}."]
+        else:
+            numbers[port.port] = i
+        if port.protocol not in PORT_PROTOCOLS:
+            fields[f"{field_at}.protocol"] = [f'"{port.protocol}" is not a valid choice: "http", "https" or "tcp".']
+        if not isinstance(port.path, str) or not _PORT_PATH.fullmatch(port.path) or port.path.startswith("//"):
+            fields[f"{field_at}.path"] = ['A path on the app, starting with one "/" (at most 512 characters).']
+        if port.auth not in PORT_AUTHS:
+            fields[f"{field_at}.auth"] = [f'"{port.auth}" is not a valid choice: "none" or "jupyter".']
+        elif port.auth != "none":
+            if port.protocol != "http":
+                fields[f"{field_at}.auth"] = ["Only an http port signs in through the proxy."]
+            elif signing is not None:
+                fields[f"{field_at}.auth"] = [f"{at}.{signing} signs in already; one port may."]
+            elif PORT_AUTH_ENV[port.auth] in env:
+                fields[f"{field_at}.auth"] = [
+                    f"container.env or a secret sets {PORT_AUTH_ENV[port.auth]}, which this auth sets."
+                ]
+            else:
+                signing = i
+    return fields
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     image: str
@@ -264,6 +358,7 @@ class ContainerSpec:
     volumes: list[MountRequest] = field(default_factory=list)
     network: str = NetworkMode.NONE
     secrets: list[SecretRequest] = field(default_factory=list)
+    ports: list[WebPort] = field(default_factory=list)
 
     def validate(self) -> None:
         fields: dict[str, list[str]] = {}
@@ -281,6 +376,9 @@ class ContainerSpec:
         ):
             fields["container.env"] = ["Must be a map of strings to strings."]
         fields.update(secret_problems(list(self.secrets), self.env if isinstance(self.env, dict) else {}))
+        taken = dict(self.env) if isinstance(self.env, dict) else {}
+        taken.update({secret.env: "" for secret in self.secrets if isinstance(secret.env, str)})
+        fields.update(port_problems(list(self.ports), taken))
         if fields:
             raise ValidationFailed(_sentence(fields), fields=fields)
 

@@ -27,7 +27,14 @@ from controlplane.ledger.services import QuotaNeed, actor_label_for, check_quota
 from controlplane.reservations import capacity, costs
 from controlplane.reservations.selectors import spec_q as _spec_q
 from controlplane.reservations.services import reservation_create
-from controlplane.reservations.specs import ContainerSpec, GpuSpec, MountRequest, Window, secrets_from_stored
+from controlplane.reservations.specs import (
+    ContainerSpec,
+    GpuSpec,
+    MountRequest,
+    Window,
+    ports_from_stored,
+    secrets_from_stored,
+)
 from controlplane.scheduling import preemption
 from controlplane.scheduling.choices import RequestState
 from controlplane.scheduling.models import PriorityClass, QueuedRequest, QueuedRequestEvent
@@ -82,6 +89,7 @@ def container_to_json(container: ContainerSpec) -> dict[str, Any]:
         ],
         "network": container.network,
         "secrets": [secret.stored() for secret in container.secrets],
+        "ports": [port.stored() for port in container.ports],
     }
 
 
@@ -89,6 +97,7 @@ def container_of(request: QueuedRequest) -> ContainerSpec:
     data = dict(request.container)
     data["volumes"] = [MountRequest(**m) for m in data.get("volumes", [])]
     data["secrets"] = secrets_from_stored(list(data.get("secrets", [])))
+    data["ports"] = ports_from_stored(list(data.get("ports", [])))
     return ContainerSpec(**data)
 
 

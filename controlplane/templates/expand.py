@@ -62,7 +62,11 @@ def expand_booking(data: dict[str, Any], *, project: Any, queue: bool = False) -
         spec = body.get("spec", {})
         body["spec"] = merge_spec(template.spec, spec) if isinstance(spec, dict) else spec
     container = body.get("container", {})
-    body["container"] = merge_container(template.container, container) if isinstance(container, dict) else container
+    if isinstance(container, dict):
+        # The template's named ports, unless the booking gives its own (docs/proxy.md, "Named ports").
+        body["container"] = merge_container({**template.container, "ports": list(template.ports)}, container)
+    else:
+        body["container"] = container
     window = body.get("window")
     if queue:
         body.setdefault("duration", template.duration_s)

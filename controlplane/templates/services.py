@@ -12,7 +12,8 @@ from django.utils import timezone
 from controlplane.accounts.models import Project
 from controlplane.accounts.selectors import can_manage, is_operator, projects_visible_to
 from controlplane.core.errors import NotFound, PermissionDenied, ValidationFailed
-from controlplane.reservations.api.serializers import container_from
+from controlplane.reservations.api.serializers import container_from, port_from
+from controlplane.reservations.specs import port_problems
 from controlplane.templates.api.serializers import TemplateWriteSerializer, stored_container, stored_spec
 from controlplane.templates.models import LaunchTemplate
 
@@ -75,6 +76,10 @@ def read(data: Any, *, user: Any) -> dict[str, Any]:
     values = serializer.validated_data
     # The booking's rules on the container as a whole (mount paths, repeats), with the booking's field names.
     container_from(values["container"]).validate()
+    ports = [port_from(p) for p in values["ports"]]
+    problems = port_problems(ports, {}, at="ports")
+    if problems:
+        raise ValidationFailed("; ".join(f"{k}: {' '.join(v)}" for k, v in problems.items()), fields=problems)
     return {
         "project": values["project"],
         "name": values["name"],
@@ -82,7 +87,7 @@ def read(data: Any, *, user: Any) -> dict[str, Any]:
         "description": values["description"],
         "container": stored_container(values["container"]),
         "spec": stored_spec(values["spec"]),
-        "ports": [dict(p) for p in values["ports"]],
+        "ports": [port.stored() for port in ports],
         "duration_s": int(values["duration"].total_seconds()),
     }
 

@@ -26,12 +26,16 @@ from controlplane.reservations.costs import cost_for
 from controlplane.reservations.models import Allocation, Reservation, ReservationEvent
 from controlplane.reservations.specs import (
     MIG_PROFILE_RE,
+    PORT_AUTHS,
+    PORT_PROTOCOLS,
     START_SKEW,
     ContainerSpec,
     GpuSpec,
     MountRequest,
     SecretRequest,
+    WebPort,
     Window,
+    ports_from_stored,
 )
 from nodeagent.schema import MAX_SECRETS, MAX_VOLUMES
 
@@ -249,6 +253,36 @@ def secret_from(data: dict[str, Any]) -> SecretRequest:
     return SecretRequest.of(data["name"], data.get("env"), data.get("file"))
 
 
+class PortSerializer(serializers.Serializer):
+    """A named port the container serves (docs/proxy.md, "Named ports"). Types only here: the names, ports,
+    paths and auths are judged by the booking (specs.port_problems), so a template's ports get the same words."""
+
+    name = StrictStringField(max_length=64, trim_whitespace=False, help_text='What it serves, e.g. "jupyter".')
+    port = serializers.IntegerField(help_text="The container's own TCP port (1-65535), on its loopback.")
+    protocol = serializers.CharField(
+        required=False, default="http", help_text=f"One of {', '.join(PORT_PROTOCOLS)}; only http opens in the browser."
+    )
+    path = StrictStringField(
+        required=False, default="/", max_length=600, trim_whitespace=False, help_text="Where Open lands."
+    )
+    auth = serializers.CharField(
+        required=False,
+        default="none",
+        help_text=f"One of {', '.join(PORT_AUTHS)}: jupyter gives the lab a token and opens it signed in.",
+    )
+
+
+def port_from(data: dict[str, Any]) -> WebPort:
+    return WebPort(
+        name=data["name"], port=data["port"], protocol=data["protocol"], path=data["path"], auth=data["auth"]
+    )
+
+
+def ports_out(stored: list[dict[str, Any]] | None) -> list[dict[str, object]]:
+    """A reservation's stored ports as answers give them: every key, older rows' defaults filled in."""
+    return [port.stored() for port in ports_from_stored(list(stored or []))]
+
+
 class ContainerSerializer(serializers.Serializer):
     image = serializers.CharField(
         max_length=_IMAGE_MAX,
@@ -280,6 +314,13 @@ class ContainerSerializer(serializers.Serializer):
         max_length=MAX_SECRETS,
         help_text="Project secrets the container gets, as variables or files; values never appear in an answer.",
     )
+    ports = serializers.ListField(
+        child=PortSerializer(),
+        required=False,
+        default=list,
+        max_length=64,
+        help_text="Named web ports the proxy opens in the browser (docs/proxy.md), e.g. jupyter on 8888.",
+    )
 
 
 def container_from(data: dict[str, Any]) -> ContainerSpec:
@@ -290,6 +331,7 @@ def container_from(data: dict[str, Any]) -> ContainerSpec:
         volumes=[mount_from(m) for m in data["volumes"]],
         network=data["network"],
         secrets=[secret_from(x) for x in data.get("secrets", [])],
+        ports=[port_from(x) for x in data.get("ports", [])],
     )
 
 
@@ -501,8 +543,17 @@ class CostSerializer(serializers.Serializer):
     )
 
 
+class PortOutSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    port = serializers.IntegerField()
+    protocol = serializers.CharField()
+    path = serializers.CharField()
+    auth = serializers.CharField()
+
+
 class ReservationSerializer(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id", read_only=True)
+    ports = serializers.SerializerMethodField()
     volumes = MountOutSerializer(many=True, read_only=True, help_text="The mounts as resolved at booking.")
     secrets = SecretOutSerializer(
         many=True, read_only=True, help_text="The project secrets it gets, by name (values are never shown)."
@@ -537,6 +588,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "volumes",
             "network",
             "secrets",
+            "ports",
             "created_by",
             "created_at",
             "updated_at",
@@ -548,6 +600,10 @@ class ReservationSerializer(serializers.ModelSerializer):
             "template",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(PortOutSerializer(many=True, help_text="The named ports it declared (docs/proxy.md)."))
+    def get_ports(self, reservation: Reservation) -> list[dict[str, object]]:
+        return ports_out(reservation.ports)
 
     @extend_schema_field(serializers.CharField(allow_null=True, help_text="The launch template it was booked from."))
     def get_template(self, reservation: Reservation) -> str | None:
@@ -708,6 +764,7 @@ def reservation_detail(reservation: Reservation) -> dict[str, Any]:
         "volumes": reservation.volumes,
         "network": str(reservation.network),
         "secrets": reservation.secrets,
+        "ports": ports_out(reservation.ports),
         "created_by": None if creator is None else str(creator.username),
         "created_at": _at(reservation.created_at),
         "updated_at": _at(reservation.updated_at),

@@ -4,7 +4,6 @@ shape, and every rule and wording is the booking's."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -12,49 +11,26 @@ from rest_framework import serializers
 
 from controlplane.accounts.models import Project
 from controlplane.core.api.fields import SlugRelatedField
-from controlplane.reservations.api.fields import DurationField, StrictStringField
-from controlplane.reservations.api.serializers import BookingSpecSerializer, ContainerSerializer
+from controlplane.reservations.api.fields import DurationField
+from controlplane.reservations.api.serializers import (
+    BookingSpecSerializer,
+    ContainerSerializer,
+    PortOutSerializer,
+    PortSerializer,
+    ports_out,
+)
 from controlplane.templates.models import DEFAULT_DURATION_S, NAME_MAX, name_validator
 
 TITLE_MAX = 200
 DESCRIPTION_MAX = 4000
-PORTS_MAX = 16
-PORT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
-PROTOCOLS = ["http", "https", "tcp"]
 
 
 class TemplateContainerSerializer(ContainerSerializer):
     """A booking's ``container``, read by the booking's own serializer (``secrets`` included: the same
-    [{"name", "env", "file"}] a booking gives; their existence in the project is checked at booking)."""
+    [{"name", "env", "file"}] a booking gives; their existence in the project is checked at booking). A
+    template's named ports are its own ``ports``, given to each booking's ``container.ports``."""
 
-
-class PortSerializer(serializers.Serializer):
-    name = StrictStringField(max_length=32, help_text='What the port serves, e.g. "jupyter": lowercase, digits, -.')
-    port = serializers.IntegerField(min_value=1, max_value=65535)
-    protocol = serializers.ChoiceField(choices=PROTOCOLS, default="http")
-
-    def validate_name(self, value: str) -> str:
-        if not PORT_NAME.fullmatch(value):
-            raise serializers.ValidationError("Use lowercase letters, digits and '-', starting with a letter.")
-        return value
-
-
-class PortsField(serializers.ListField):
-    def to_internal_value(self, data: Any) -> list[Any]:
-        ports = super().to_internal_value(data)
-        errors: dict[int, dict[str, list[str]]] = {}
-        names: dict[str, int] = {}
-        numbers: dict[int, int] = {}
-        for i, port in enumerate(ports):
-            if port["name"] in names:
-                errors[i] = {"name": [f"The name is taken by ports.{names[port['name']]}."]}
-            elif port["port"] in numbers:
-                errors[i] = {"port": [f"The port is taken by ports.{numbers[port['port']]}."]}
-            names.setdefault(port["name"], i)
-            numbers.setdefault(port["port"], i)
-        if errors:
-            raise serializers.ValidationError(errors)
-        return ports
+    ports = None  # type: ignore[assignment]
 
 
 class TemplateWriteSerializer(serializers.Serializer):
@@ -80,7 +56,13 @@ class TemplateWriteSerializer(serializers.Serializer):
     spec = BookingSpecSerializer(
         required=False, allow_null=True, default=None, help_text="A booking's spec, as its default; null: none."
     )
-    ports = PortsField(child=PortSerializer(), required=False, default=list, max_length=PORTS_MAX)
+    ports = serializers.ListField(
+        child=PortSerializer(),
+        required=False,
+        default=list,
+        max_length=64,
+        help_text="Named web ports, as a booking's container.ports; a booking from the template gets them.",
+    )
     duration = DurationField(
         required=False,
         default=timedelta(seconds=DEFAULT_DURATION_S),
@@ -132,7 +114,7 @@ class TemplateSerializer(serializers.Serializer):
     description = serializers.CharField()
     container = TemplateContainerOutSerializer()
     spec = serializers.DictField(allow_null=True, help_text="A booking's spec (gpu_model by name), or null.")
-    ports = PortSerializer(many=True)
+    ports = PortOutSerializer(many=True)
     duration = serializers.IntegerField(help_text="The default window length, in seconds.")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
@@ -148,7 +130,7 @@ def template_answer(template: Any) -> dict[str, Any]:
             "description": template.description,
             "container": container,
             "spec": template.spec,
-            "ports": template.ports,
+            "ports": ports_out(template.ports),
             "duration": template.duration_s,
             "created_at": template.created_at,
             "updated_at": template.updated_at,
