@@ -331,6 +331,24 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 }
 
 # --- Access ---------------------------------------------------------------------------------------------
+# The web proxy (docs/proxy.md): where browsers reach it (the web terminal's WebSocket), and the URL of each
+# app, "*" standing for the label "<reservation id>-<port name>". Any "*.localhost" name reaches loopback in a
+# browser, so the defaults work on one machine; in production give the proxy a wildcard DNS name and
+# certificate of its own domain (an app's pages then share no origin with the portal).
+PROXY_PUBLIC_URL = (env_str("PROXY_PUBLIC_URL") or "http://localhost:8001").rstrip("/")
+PROXY_APPS_URL = (env_str("PROXY_APPS_URL") or "http://*.localhost:8001").rstrip("/")
+if PROXY_APPS_URL.count("*") != 1 or not PROXY_APPS_URL.split("://", 1)[-1].startswith("*."):
+    raise ImproperlyConfigured(
+        f'PROXY_APPS_URL must be a URL whose host starts with "*." (e.g. https://*.apps.example.org), '
+        f"not {PROXY_APPS_URL!r}"
+    )
+# How long a link from "Open" (or a terminal's) may wait to be used, at most: it is good once, never past the
+# reservation's window.
+PROXY_LINK_TTL_S = env_int("PROXY_LINK_TTL_S", 60, minimum=5)
+# How long the proxy trusts what it read of a reservation (its window, its members) before reading it again.
+PROXY_GRANT_CACHE_S = env_float("PROXY_GRANT_CACHE_S", 2.0, minimum=0.0)
+# An SSH connection to a node's gateway with nothing open on it is closed after this long.
+PROXY_TUNNEL_IDLE_S = env_float("PROXY_TUNNEL_IDLE_S", 120.0, minimum=1.0)
 # Credits per GiB-hour of a volume's size limit (docs/volumes.md, "Charges").
 ACCESS_VOLUME_CREDITS_PER_GIB_HOUR = env_str("ACCESS_VOLUME_CREDITS_PER_GIB_HOUR") or "0.001"
 try:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from controlplane.access.web.links import app_url
 from controlplane.dispatch.choices import LaunchState
 from controlplane.dispatch.models import Launch
 from controlplane.reservations.choices import FINAL_STATES, ReservationState
+from controlplane.reservations.specs import ports_from_stored
 
 # States in which a session may be open: the agent accepts one while the container runs inside the window.
 _CONNECTABLE = frozenset({ReservationState.STARTING, ReservationState.RUNNING})
@@ -58,7 +60,13 @@ def access_block(reservation: Any) -> dict[str, Any]:
             }
         )
     if entries:
-        return {"ready": True, "message": "", "ssh": entries}
+        # The web proxy goes through the same gateways (docs/proxy.md): the http ports open, and a terminal.
+        web = [
+            {**port.stored(), "url": app_url(user, port.name)}
+            for port in ports_from_stored(list(reservation.ports or []))
+            if port.protocol == "http"
+        ]
+        return {"ready": True, "message": "", "ssh": entries, "web": web, "terminal": True}
     if without_gateway:
         return _closed(f"The agent on {', '.join(without_gateway)} runs no SSH gateway.")
     if state in _CONNECTABLE:
@@ -67,4 +75,4 @@ def access_block(reservation: Any) -> dict[str, Any]:
 
 
 def _closed(message: str) -> dict[str, Any]:
-    return {"ready": False, "message": message, "ssh": []}
+    return {"ready": False, "message": message, "ssh": [], "web": [], "terminal": False}

@@ -8,7 +8,9 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from controlplane.access.models import GIB, ProjectNetwork, SshKey, Volume
+from controlplane.access.web.portalkeys import portal_key
 from controlplane.accounts.choices import BOOKING_ROLES
+from controlplane.accounts.models import Membership
 from nodeagent.schema import AuthorizedKey, VolumeMount
 
 
@@ -21,21 +23,26 @@ def ssh_keys_of(user: Any) -> QuerySet[SshKey]:
 
 def authorized_keys_for_projects(project_ids: Collection[int]) -> dict[int, list[AuthorizedKey]]:
     """Per project, the keys of its owners and members: what a gateway accepts for the project's reservations.
-    Viewers' keys are not among them. One query for all the projects."""
+    Each of them has their own keys and their portal key (access/web/portalkeys.py: the web proxy logs in to the
+    gateway as them), whether or not they registered a key. Viewers' keys are not among them. One query for all
+    the projects."""
     rows = (
-        SshKey.objects.filter(
-            user__memberships__project_id__in=list(project_ids),
-            user__memberships__role__in=sorted(BOOKING_ROLES),
-            user__is_active=True,
+        Membership.objects.filter(
+            project_id__in=list(project_ids), role__in=sorted(BOOKING_ROLES), user__is_active=True
         )
-        .values_list("user__memberships__project_id", "user__username", "public_key", "fingerprint")
-        .order_by("user__memberships__project_id", "user__username", "id")
+        .values_list("project_id", "user__username", "user__ssh_keys__public_key", "user__ssh_keys__fingerprint")
+        .order_by("project_id", "user__username", "user__ssh_keys__id")
     )
     out: dict[int, list[AuthorizedKey]] = {}
+    last: tuple[int, str] | None = None
     for project_id, username, public_key, fingerprint in rows:
-        out.setdefault(project_id, []).append(
-            AuthorizedKey(user=username, public_key=public_key, fingerprint=fingerprint)
-        )
+        keys = out.setdefault(project_id, [])
+        if (project_id, username) != last:
+            last = (project_id, username)
+            portal = portal_key(username)
+            keys.append(AuthorizedKey(user=username, public_key=portal.public_key, fingerprint=portal.fingerprint))
+        if public_key is not None:
+            keys.append(AuthorizedKey(user=username, public_key=public_key, fingerprint=fingerprint))
     return out
 
 

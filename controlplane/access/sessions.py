@@ -13,6 +13,7 @@ from datetime import datetime
 
 from django.db.models import Q
 
+from controlplane.access.web.portalkeys import is_portal_session
 from controlplane.dispatch.models import Launch
 from controlplane.inventory.models import Server
 from controlplane.reservations.models import Reservation, ReservationEvent
@@ -23,13 +24,18 @@ log = logging.getLogger(__name__)
 EVENT_KIND = "ssh_session"
 
 
-def session_sentence(session: SessionInfo, server: str) -> str:
+def session_sentence(session: SessionInfo, server: str, *, portal: bool = False) -> str:
     what = ", ".join(session.kinds) if session.kinds else "session"
-    who = f"{session.user} ({session.fingerprint}) from {session.source} on {server}"
+    if portal:  # the web proxy's, logged in with the user's portal key (docs/proxy.md, "Audit")
+        who = f"{session.user} through the web proxy ({session.source}) on {server}"
+        name = "Web session"
+    else:
+        who = f"{session.user} ({session.fingerprint}) from {session.source} on {server}"
+        name = "SSH session"
     if session.phase == "open":
-        return f"SSH session {session.session_id} opened by {who}"
+        return f"{name} {session.session_id} opened by {who}"
     reason = f": {session.reason}" if session.reason else ""
-    return f"SSH session {session.session_id} ({what}) of {who} closed{reason}"
+    return f"{name} {session.session_id} ({what}) of {who} closed{reason}"
 
 
 def sessions_reported(server: Server, events: Sequence[AgentEvent], now: datetime) -> None:
@@ -63,16 +69,18 @@ def sessions_reported(server: Server, events: Sequence[AgentEvent], now: datetim
         session = event.session
         if reservation is None or session is None or (session_id, phase) in seen:
             continue
+        portal = is_portal_session(session.user, session.fingerprint)
         rows.append(
             ReservationEvent(
                 reservation=reservation,
                 from_state=reservation.state,
                 to_state=reservation.state,
                 actor_label=f"user:{session.user}"[:150],
-                reason=session_sentence(session, server.hostname),
+                reason=session_sentence(session, server.hostname, portal=portal),
                 data={
                     "kind": EVENT_KIND,
                     "server": server.hostname,
+                    **({"via": "portal"} if portal else {}),
                     **session.model_dump(mode="json"),
                 },
                 at=session.ended_at if phase == "close" and session.ended_at else session.started_at,

@@ -38,6 +38,7 @@ from controlplane.reservations import resources
 from controlplane.reservations.choices import ReservationState
 from controlplane.reservations.models import Allocation, Reservation
 from controlplane.reservations.services import reservation_finish, reservation_mark
+from controlplane.reservations.specs import port_auth_env
 from controlplane.vault import services as vault
 from nodeagent import commands, schema
 
@@ -232,7 +233,11 @@ def _desired_container(
         project=reservation.project.slug,
         image=reservation.image,
         command=list(reservation.command or []),
-        env={str(k): str(v) for k, v in (reservation.env or {}).items()},
+        # With the signing-in port's token (JUPYTER_TOKEN: docs/proxy.md), which no answer of the API shows.
+        env={
+            **{str(k): str(v) for k, v in (reservation.env or {}).items()},
+            **port_auth_env(str(reservation.public_id), reservation.ports),
+        },
         gpu_uuids=list(launch.gpu_uuids),
         window_start=reservation.starts_at,
         window_end=reservation.ends_at,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from controlplane.core.errors import ValidationFailed
 from controlplane.reservations.choices import NetworkMode
@@ -299,6 +300,21 @@ def ports_from_stored(ports: list[dict[str, object]]) -> list[WebPort]:
         )
         for p in ports
     ]
+
+
+def app_token(reservation: str) -> str:
+    """The token of a reservation's signing-in port (``auth`` other than "none"): derived from SECRET_KEY and the
+    reservation's public id, so the desired state (the container's variable) and the proxy (the header it signs
+    in with) agree without storing it."""
+    return salted_hmac("gpucp.reservations.app-token", reservation, algorithm="sha256").hexdigest()[:48]
+
+
+def port_auth_env(reservation: str, ports: list[dict[str, object]] | None) -> dict[str, str]:
+    """The variables a reservation's container gets for its signing-in port: ``{"JUPYTER_TOKEN": <token>}``."""
+    for port in ports_from_stored(list(ports or [])):
+        if port.auth in PORT_AUTH_ENV:
+            return {PORT_AUTH_ENV[port.auth]: app_token(reservation)}
+    return {}
 
 
 def port_problems(ports: list[WebPort], env: dict[str, str], *, at: str = "container.ports") -> dict[str, list[str]]:

@@ -664,12 +664,20 @@ class SshAccessSerializer(serializers.Serializer):
     known_hosts = serializers.CharField(help_text="The gateway's host key as a known_hosts line.")
 
 
+class WebAccessSerializer(PortOutSerializer):
+    url = serializers.CharField(help_text="The app's stable address; POST .../open/ for a link that signs in.")
+
+
 class AccessSerializer(serializers.Serializer):
     """How to reach a running reservation (docs/access.md, "Connect")."""
 
     ready = serializers.BooleanField(help_text="True when SSH sessions are accepted now.")
     message = serializers.CharField(help_text="Why not, when not ready; empty otherwise.")
     ssh = SshAccessSerializer(many=True, help_text="One entry per server the reservation runs on.")
+    web = WebAccessSerializer(
+        many=True, required=False, help_text="Its http ports the web proxy opens now (docs/proxy.md); empty otherwise."
+    )
+    terminal = serializers.BooleanField(required=False, help_text="True when a web terminal can be opened now.")
 
 
 class UlimitOutSerializer(serializers.Serializer):

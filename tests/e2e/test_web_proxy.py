@@ -1,0 +1,146 @@
+"""The web proxy end to end (docs/proxy.md): a booking with named ports, real agents with their SSH gateways and
+Docker, the proxy in a thread, and HTTP clients on the app's host name. The app is BusyBox's httpd on the
+container's loopback (``network: none``), with a CGI script that shows what reached it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from django.test import override_settings
+from django.utils import timezone
+
+from controlplane.reservations.models import Reservation, ReservationEvent
+from nodeagent.runtime.localimage import DEFAULT_TAG
+from tests.e2e.fleet_support import Node, running, start_nodes, wait_for
+from tests.e2e.proxy_support import Browser, ProxyThread, running_proxy
+from tests.factories import ApiTokenFactory, UserFactory
+from tests.reservations.fleet import project
+
+pytestmark = [pytest.mark.docker, pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+# httpd on the container's own loopback: an index page, a CGI script that prints its environment (the headers
+# that reached the app), and a 5 MiB file.
+HTTPD = (
+    "mkdir -p /www/cgi-bin && echo hello-from-the-container > /www/index.html && "
+    "printf '#!/bin/sh\\necho Content-Type: text/plain\\necho\\nenv\\n' > /www/cgi-bin/env && "
+    "chmod +x /www/cgi-bin/env && head -c 5242880 /dev/urandom > /www/big.bin && "
+    "exec httpd -f -p 127.0.0.1:8080 -h /www"
+)
+
+
+@pytest.fixture
+def nodes(transactional_db, live_server, docker_client, tmp_path: Path, eager_celery) -> Iterator[list[Node]]:  # type: ignore[no-untyped-def]
+    yield from start_nodes(live_server, docker_client, tmp_path, count=1)
+
+
+@pytest.fixture
+def proxy(nodes: list[Node]) -> Iterator[ProxyThread]:
+    with running_proxy() as running:
+        yield running
+
+
+class Api:
+    def __init__(self, url: str, user: Any) -> None:
+        self.url = url
+        self.headers = {"Authorization": f"Bearer {ApiTokenFactory(user=user).plaintext}"}
+
+    def post(self, path: str, body: dict[str, Any]) -> requests.Response:
+        return requests.post(f"{self.url}/api/v1{path}", json=body, headers=self.headers, timeout=30)
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(f"{self.url}/api/v1{path}", headers=self.headers, timeout=30)
+
+
+@pytest.fixture
+def team(nodes: list[Node], live_server: Any) -> dict[str, Any]:
+    owner, viewer, outsider = UserFactory(username="alice"), UserFactory(username="vera"), UserFactory(username="otto")
+    project(owner=owner, viewer=viewer, slug="demo")
+    project(owner=outsider, slug="elsewhere")
+    return {name: Api(live_server.url, user) for name, user in (("alice", owner), ("vera", viewer), ("otto", outsider))}
+
+
+def book(api: Api, *, minutes: float = 10, ports: list[dict[str, Any]] | None = None) -> Reservation:
+    answer = api.post(
+        "/reservations/",
+        {
+            "project": "demo",
+            "name": "web",
+            "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
+            "window": {"start": "now", "duration": int(minutes * 60)},
+            "container": {
+                "image": DEFAULT_TAG,
+                "command": ["sh", "-c", HTTPD],
+                "ports": ports if ports is not None else [{"name": "web", "port": 8080}],
+            },
+        },
+    )
+    assert answer.status_code == 201, answer.text
+    return Reservation.objects.get(public_id=answer.json()["id"])
+
+
+def open_link(api: Api, r: Reservation, port: str = "web", **extra: Any) -> requests.Response:
+    return api.post(f"/reservations/{r.public_id}/open/", {"port": port, **extra})
+
+
+@override_settings(DISPATCH_WARN_BEFORE_S=0, DISPATCH_STOP_GRACE_S=1)
+def test_an_owner_opens_the_app_and_nobody_else_does(team: dict[str, Any], proxy: ProxyThread) -> None:
+    alice, vera, otto = team["alice"], team["vera"], team["otto"]
+    r = running(book(alice))
+    detail = alice.get(f"/reservations/{r.public_id}/").json()
+    assert detail["ports"] == [{"name": "web", "port": 8080, "protocol": "http", "path": "/", "auth": "none"}]
+    assert detail["access"]["terminal"] is True
+    [web] = detail["access"]["web"]
+    assert web["url"] == f"http://{r.public_id}-web.localhost:{proxy.port}/"
+
+    opened = open_link(alice, r)
+    assert opened.status_code == 200, opened.text
+    link = opened.json()["url"]
+    browser = Browser()
+    page = browser.get(link)  # the link sets the app's cookie and lands on /
+    assert (page.status_code, page.text) == (200, "hello-from-the-container\n")
+
+    # What reached the app: its own Host, the other cookies, and never the proxy's cookie.
+    env = browser.get(f"{web['url']}cgi-bin/env", headers={"Cookie": "theirs=1"}).text
+    assert f"HTTP_HOST={r.public_id}-web.localhost:{proxy.port}" in env
+    assert "theirs=1" in env and "gpucp_app" not in env
+
+    # A 5 MiB answer streams through whole.
+    big = browser.get(f"{web['url']}big.bin")
+    assert big.status_code == 200 and len(big.content) == 5 * 1024 * 1024
+
+    # The link was good once; without the cookie the app is not found; the viewer and another tenant get 404.
+    assert Browser().get(link).status_code == 404
+    assert Browser().get(web["url"]).status_code == 404
+    assert open_link(vera, r).status_code == 404
+    assert open_link(otto, r).status_code == 404
+    assert vera.post(f"/reservations/{r.public_id}/terminal/", {}).status_code == 404
+    # An unknown port is the caller's mistake, named.
+    unknown = open_link(alice, r, port="nope")
+    assert unknown.status_code == 400 and unknown.json()["error"]["fields"]["port"]
+
+    # The opening is an event on the reservation, and the proxy's gateway session is told apart from SSH.
+    opened_event = ReservationEvent.objects.get(reservation=r, data__kind="web_app")
+    assert opened_event.data["user"] == "alice" and opened_event.data["port"] == "web"
+    session = wait_for(
+        lambda: ReservationEvent.objects.filter(reservation=r, data__kind="ssh_session", data__via="portal").first(),
+        what="the gateway's session event",
+    )
+    assert session.data["user"] == "alice" and "forward" in (session.data.get("kinds") or ["forward"])
+
+
+@override_settings(DISPATCH_WARN_BEFORE_S=0, DISPATCH_STOP_GRACE_S=1)
+def test_after_the_window_the_app_is_gone(team: dict[str, Any], proxy: ProxyThread) -> None:
+    alice = team["alice"]
+    r = running(book(alice, minutes=0.3))
+    browser = Browser()
+    assert browser.get(open_link(alice, r).json()["url"]).status_code == 200
+    ends_at = Reservation.objects.get(pk=r.pk).ends_at
+    wait_for(lambda: timezone.now() > ends_at + timedelta(seconds=0.5), what="the window's end")
+    gone = browser.get(f"http://{r.public_id}-web.localhost:{proxy.port}/")
+    assert gone.status_code == 410
+    assert open_link(alice, r).status_code == 410
