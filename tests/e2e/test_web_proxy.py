@@ -4,16 +4,20 @@ container's loopback (``network: none``), with a CGI script that shows what reac
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import requests
 from django.test import override_settings
 from django.utils import timezone
 
+from controlplane.dispatch.models import Launch
 from controlplane.reservations.models import Reservation, ReservationEvent
 from nodeagent.runtime.localimage import DEFAULT_TAG
 from tests.e2e.fleet_support import Node, running, start_nodes, wait_for
@@ -144,3 +148,61 @@ def test_after_the_window_the_app_is_gone(team: dict[str, Any], proxy: ProxyThre
     gone = browser.get(f"http://{r.public_id}-web.localhost:{proxy.port}/")
     assert gone.status_code == 410
     assert open_link(alice, r).status_code == 410
+
+
+async def _terminal(url: str, typed: bytes, *, until_closed: bool, timeout: float = 60) -> tuple[str, int | None]:
+    """Connect the web terminal, type, and read what it shows: until the typed command's answer (``until_closed``
+    False: the output holds a line starting "gpus=") or until the proxy closes it. Answers (output, close code)."""
+    out = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(url, timeout=aiohttp.ClientWSTimeout(ws_close=10)) as ws,
+    ):
+        await ws.send_str(json.dumps({"type": "resize", "cols": 120, "rows": 40}))
+        await ws.send_bytes(typed)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            assert remaining > 0, f"the terminal showed: {out!r}"
+            msg = await ws.receive(timeout=remaining)
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                out += msg.data
+                if not until_closed and b"\ngpus=" in out.replace(b"\r", b""):
+                    return out.decode(errors="replace"), None
+            elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
+                return out.decode(errors="replace"), ws.close_code
+
+
+@override_settings(DISPATCH_WARN_BEFORE_S=0, DISPATCH_STOP_GRACE_S=1)
+def test_the_web_terminal_is_a_shell_on_the_reservations_gpus(team: dict[str, Any], proxy: ProxyThread) -> None:
+    alice, otto = team["alice"], team["otto"]
+    r = running(book(alice))
+    launch = Launch.objects.get(reservation=r, state="running")
+    link = alice.post(f"/reservations/{r.public_id}/terminal/", {})
+    assert link.status_code == 200, link.text
+    assert link.json()["url"].startswith(f"ws://localhost:{proxy.port}/_gpucp/terminal?token=")
+    shown, _ = asyncio.run(_terminal(link.json()["url"], b"echo gpus=$NVIDIA_VISIBLE_DEVICES\n", until_closed=False))
+    assert f"gpus={','.join(launch.gpu_uuids)}" in shown.replace("\r", "")
+    # The link was good once; another tenant gets no link at all.
+    _, code = asyncio.run(_terminal(link.json()["url"], b"", until_closed=True))
+    assert code == 4404
+    assert otto.post(f"/reservations/{r.public_id}/terminal/", {}).status_code == 404
+    assert ReservationEvent.objects.filter(reservation=r, data__kind="web_terminal", data__user="alice").count() == 1
+    session = wait_for(
+        lambda: ReservationEvent.objects.filter(
+            reservation=r, data__kind="ssh_session", data__via="portal", data__phase="close"
+        ).first(),
+        what="the terminal's session event",
+    )
+    assert "shell" in session.data["kinds"]
+
+
+@override_settings(DISPATCH_WARN_BEFORE_S=8, DISPATCH_STOP_GRACE_S=1)
+def test_the_web_terminal_is_warned_and_closed_at_the_windows_end(team: dict[str, Any], proxy: ProxyThread) -> None:
+    alice = team["alice"]
+    r = running(book(alice, minutes=0.4))  # a 24 s window
+    assert (Reservation.objects.get(pk=r.pk).ends_at - timezone.now()).total_seconds() > 8
+    url = alice.post(f"/reservations/{r.public_id}/terminal/", {}).json()["url"]
+    shown, code = asyncio.run(_terminal(url, b"echo waiting\n", until_closed=True))
+    assert code == 4410, shown
+    assert "ends in" in shown and "ended at" in shown

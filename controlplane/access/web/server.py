@@ -458,10 +458,9 @@ async def _pump_terminal(ws: web.WebSocketResponse, process: Any) -> int | None:
 
     readers = [asyncio.ensure_future(out(process.stdout)), asyncio.ensure_future(out(process.stderr))]
     typing = asyncio.ensure_future(keys())
+    output = asyncio.ensure_future(asyncio.gather(*readers))
     try:
-        done, _ = await asyncio.wait(
-            [typing, asyncio.ensure_future(asyncio.gather(*readers))], return_when=asyncio.FIRST_COMPLETED
-        )
+        done, _ = await asyncio.wait([typing, output], return_when=asyncio.FIRST_COMPLETED)
         if typing in done:
             return 0
         await process.wait_closed()
@@ -469,7 +468,8 @@ async def _pump_terminal(ws: web.WebSocketResponse, process: Any) -> int | None:
     except (OSError, ConnectionError):
         return None
     finally:
-        typing.cancel()
-        for reader in readers:
-            reader.cancel()
+        for task in (typing, *readers):
+            task.cancel()
         await asyncio.gather(typing, *readers, return_exceptions=True)
+        output.cancel()
+        await asyncio.gather(output, return_exceptions=True)

@@ -149,21 +149,22 @@ class Tunnels:
     async def terminal(
         self, grant: Grant, target: Target, *, cols: int, rows: int
     ) -> AsyncIterator[asyncssh.SSHClientProcess[Any]]:
-        """A login shell with a terminal in the container, as ``ssh -t`` gets."""
-        tunnel = await self._tunnel(grant, target)
+        """A login shell with a terminal in the container, as ``ssh -t`` gets, on a connection of its own: the
+        gateway's session (and its events) is this terminal's, opened and closed with it."""
+        conn = await self._connect(grant, target)
         try:
-            process = await tunnel.conn.create_process(
-                term_type="xterm-256color", term_size=(cols, rows), encoding=None
-            )
-        except (OSError, asyncssh.Error) as exc:
-            raise TunnelError(f"the gateway refused a shell: {exc}") from exc
-        tunnel.busy += 1
-        try:
-            yield process
+            try:
+                process = await conn.create_process(term_type="xterm-256color", term_size=(cols, rows), encoding=None)
+            except (OSError, asyncssh.Error) as exc:
+                raise TunnelError(f"the gateway refused a shell: {exc}") from exc
+            try:
+                yield process
+            finally:
+                process.close()
         finally:
-            tunnel.busy -= 1
-            tunnel.last_used = time.monotonic()
-            process.close()
+            conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.wait_closed(), 5)
 
     async def reap(self) -> None:
         """Close the connections idle for longer than ``idle_s``."""
