@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from controlplane.access import connect
 from controlplane.access.services import ssh_key_create
+from controlplane.access.web.portalkeys import is_portal_session, portal_key
 from controlplane.dispatch import reports, services
 from controlplane.dispatch.models import Launch
 from controlplane.fleet import desired as fleet_hooks
@@ -62,17 +63,30 @@ def team() -> Team:
 # -- the keys in the desired state ------------------------------------------------------------------------
 
 
+def own_keys(keys: list[Any]) -> list[Any]:
+    """The users' own keys, without the portal keys the web proxy logs in with (access/web/portalkeys.py)."""
+    return [k for k in keys if not is_portal_session(k.user, k.fingerprint)]
+
+
 def test_desired_state_carries_the_keys_of_owners_and_members_only(team: Team) -> None:
     h100 = gpu_model()
     srv = server(h100, gpus=1)
     book(team.project, h100)
     [item], _ = services.desired_state_for(server=srv)
     got = {(k.user, k.fingerprint) for k in item.ssh_keys}
+    portal = {name: portal_key(name) for name in (team.owner.username, team.member.username)}
     assert got == {
         (team.owner.username, team.keys["owner"].fingerprint),
         (team.member.username, team.keys["member"].fingerprint),
+        *((name, key.fingerprint) for name, key in portal.items()),
     }
-    assert {k.public_key for k in item.ssh_keys} == {team.keys["owner"].public_key, team.keys["member"].public_key}
+    assert {k.public_key for k in own_keys(item.ssh_keys)} == {
+        team.keys["owner"].public_key,
+        team.keys["member"].public_key,
+    }
+    # The portal keys are derived, the same in every process, and a viewer has none.
+    assert portal_key(team.viewer.username).fingerprint not in {k.fingerprint for k in item.ssh_keys}
+    assert {k.public_key for k in item.ssh_keys} >= {key.public_key for key in portal.values()}
 
 
 def test_a_deactivated_member_and_a_removed_key_no_longer_travel(team: Team) -> None:
@@ -83,9 +97,10 @@ def test_a_deactivated_member_and_a_removed_key_no_longer_travel(team: Team) -> 
     team.member.save()
     team.keys["owner"].delete()
     [item], _ = services.desired_state_for(server=srv)
-    assert item.ssh_keys == []
-    # And the desired state without keys is what an older agent reads: the field is left out.
-    assert "ssh_keys" not in item.model_dump(mode="json")
+    # The owner keeps only the portal key; the deactivated member has none at all.
+    assert [(k.user, k.fingerprint) for k in item.ssh_keys] == [
+        (team.owner.username, portal_key(team.owner.username).fingerprint)
+    ]
 
 
 def test_each_project_gets_its_own_keys_on_a_shared_server(team: Team) -> None:
@@ -96,7 +111,7 @@ def test_each_project_gets_its_own_keys_on_a_shared_server(team: Team) -> None:
     other_key = key_of(other_owner)
     mine, theirs = book(team.project, h100), book(other, h100)
     desired, _ = services.desired_state_for(server=srv)
-    by_reservation = {item.reservation: {k.fingerprint for k in item.ssh_keys} for item in desired}
+    by_reservation = {item.reservation: {k.fingerprint for k in own_keys(item.ssh_keys)} for item in desired}
     assert by_reservation[str(theirs.public_id)] == {other_key.fingerprint}
     assert other_key.fingerprint not in by_reservation[str(mine.public_id)]
 
@@ -111,7 +126,7 @@ def test_keys_for_all_running_projects_are_read_in_one_query(team: Team, django_
     services.desired_state_for(server=srv)  # opens the windows
     with django_assert_max_num_queries(3):
         desired, _ = services.node_desired_state(server=srv)
-    assert len(desired) == 4 and all(len(item.ssh_keys) == 1 for item in desired)
+    assert len(desired) == 4 and all(len(own_keys(item.ssh_keys)) == 1 for item in desired)
 
 
 # -- the access block -------------------------------------------------------------------------------------
@@ -129,7 +144,13 @@ def test_a_scheduled_reservation_is_not_ready_yet(team: Team) -> None:
     with_gateway(server(h100, gpus=1))
     r = book(team.project, h100, start_in=3600)
     block = connect.access_block(r)
-    assert block == {"ready": False, "message": "SSH opens when the window starts and the container runs.", "ssh": []}
+    assert block == {
+        "ready": False,
+        "message": "SSH opens when the window starts and the container runs.",
+        "ssh": [],
+        "web": [],
+        "terminal": False,
+    }
 
 
 def test_a_running_reservation_shows_the_ssh_command_and_known_hosts_line(team: Team) -> None:

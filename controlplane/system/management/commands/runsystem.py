@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.management import call_command
@@ -153,6 +154,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, help="Port for the web server (overrides RUNSYSTEM_BIND's).")
+        parser.add_argument(
+            "--proxy-port",
+            type=int,
+            help="Port for the web proxy (docs/proxy.md; default: PROXY_PUBLIC_URL's, else the web port + 1, else "
+            "a free one).",
+        )
         parser.add_argument("--no-agents", action="store_true", help="Start no simulated agents.")
         parser.add_argument("--no-worker", action="store_true", help="Start no Celery worker or beat.")
         parser.add_argument("--no-frontend", action="store_true", help="Do not build the portal.")
@@ -191,6 +198,7 @@ class Command(BaseCommand):
         if options["migrate_only"]:
             self.print_logins(demo)
             return
+        self.proxy_port = self.choose_proxy_port(host, port, options.get("proxy_port"))
 
         if not options["no_frontend"]:
             self.note(self.build_frontend())
@@ -210,6 +218,27 @@ class Command(BaseCommand):
         )
 
     # --- start-up steps ---------------------------------------------------------------------------------
+
+    proxy_port = 8001
+
+    def choose_proxy_port(self, host: str, port: int, given: int | None) -> int:
+        """The web proxy's port: as given, else PROXY_PUBLIC_URL's (an operator's choice), else the web port + 1
+        when free, else any free one (two systems on one host must not fight over it)."""
+        if given:
+            if not self.port_is_free(host, given):
+                raise CommandError(f"{host}:{given} (--proxy-port) is already in use")
+            return given
+        if os.environ.get("PROXY_PUBLIC_URL"):
+            return urlsplit(os.environ["PROXY_PUBLIC_URL"]).port or 80
+        if self.port_is_free(host, port + 1):
+            return port + 1
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, 0))
+            return int(probe.getsockname()[1])
+
+    def proxy_argv(self, host: str) -> list[str]:
+        bind = f"[{host}]:{self.proxy_port}" if ":" in host else f"{host}:{self.proxy_port}"
+        return [sys.executable, "manage.py", "runproxy", "--bind", bind]
 
     _supervisor: Supervisor | None = None
 
@@ -261,6 +290,9 @@ class Command(BaseCommand):
             # The children must share this process's var/ (database, broker, keys) even when it was defaulted.
             CONTROLPLANE_VAR_DIR=str(settings.VAR_DIR),
         )
+        # Every child builds the same app links (web) or serves them (proxy): on this run's proxy port.
+        env.setdefault("PROXY_PUBLIC_URL", f"http://localhost:{self.proxy_port}")
+        env.setdefault("PROXY_APPS_URL", f"http://*.localhost:{self.proxy_port}")
         if not self.verbose:
             env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), _ROOT_WARNING_FILTER]))
         return env
@@ -346,6 +378,7 @@ class Command(BaseCommand):
         deadline = time.monotonic() + check_timeout
         try:
             supervisor.start("web", self.web_argv(host, port))
+            supervisor.start("proxy", self.proxy_argv(host))
             if with_worker:
                 supervisor.start("worker", self.worker_argv())
                 supervisor.start("beat", self.beat_argv())
@@ -521,6 +554,7 @@ class Command(BaseCommand):
             self.note(f"portal:   {url}/")
         else:
             self.note("portal:   not built in this checkout; use the admin and the API")
+        self.note(f"apps:     http://*.localhost:{self.proxy_port}/ (the web proxy: Open on a reservation's page)")
         self.note(f"admin:    {url}/admin/")
         self.note(f"API docs: {url}/api/v1/docs/")
         self.print_logins(demo)
@@ -532,6 +566,12 @@ class Command(BaseCommand):
         gpus = Gpu.objects.filter(server__in=servers, present=True)
         simulated = all(s.simulated for s in servers) and bool(servers)
         self.note(f"check ok: web answered at {url}/")
+        proxy = url.rsplit(":", 1)[0] + f":{self.proxy_port}/_gpucp/healthz"
+        try:
+            with urllib.request.urlopen(proxy, timeout=5) as response:  # noqa: S310 - our own http URL
+                self.note(f"check ok: the web proxy answered at {proxy} ({response.status})")
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            raise CommandError(f"--check: the web proxy did not answer {proxy}: {exc}") from exc
         self.note(
             f"check ok: {len(servers)} servers, {gpus.count()} GPUs, "
             f"{'simulated' if simulated else 'not all simulated'}, container runtime "
