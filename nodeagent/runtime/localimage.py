@@ -57,43 +57,51 @@ def _applets(busybox: Path) -> list[str]:
     return sorted({name.strip() for name in out.split() if name.strip() and "/" not in name})
 
 
-def _add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+USERS = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+GROUPS = "root:x:0:\nnogroup:x:65534:\n"
+
+
+def add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = mode
     tar.addfile(info, io.BytesIO(data))
 
 
-def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
+def add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE
     info.mode = mode
     tar.addfile(info)
 
 
-def _add_symlink(tar: tarfile.TarFile, name: str, target: str) -> None:
+def add_symlink(tar: tarfile.TarFile, name: str, target: str) -> None:
     info = tarfile.TarInfo(name)
     info.type = tarfile.SYMTYPE
     info.linkname = target
     tar.addfile(info)
 
 
+def add_userland(tar: tarfile.TarFile, busybox: Path, *, users: str = USERS, groups: str = GROUPS) -> None:
+    """The base every local image shares: the top directories, busybox with a symlink per applet in ``bin``
+    (``/bin/sh`` among them), and ``/etc/passwd`` and ``/etc/group``."""
+    for d in ("bin", "etc", "usr", "usr/local", "usr/local/bin", "proc", "sys", "dev", "run", "var"):
+        add_dir(tar, d)
+    add_dir(tar, "tmp", 0o1777)
+    add_file(tar, "bin/busybox", busybox.read_bytes(), 0o755)
+    for applet in _applets(busybox):
+        if applet != "busybox":
+            add_symlink(tar, f"bin/{applet}", "busybox")
+    add_file(tar, "etc/passwd", users.encode(), 0o644)
+    add_file(tar, "etc/group", groups.encode(), 0o644)
+
+
 def build_rootfs(busybox: Path) -> bytes:
     """The image's root file system as an uncompressed tarball."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for d in ("bin", "etc", "usr", "usr/local", "usr/local/bin", "proc", "sys", "dev", "run", "var"):
-            _add_dir(tar, d)
-        _add_dir(tar, "tmp", 0o1777)
-        _add_file(tar, "bin/busybox", busybox.read_bytes(), 0o755)
-        for applet in _applets(busybox):
-            if applet != "busybox":
-                _add_symlink(tar, f"bin/{applet}", "busybox")
-        _add_file(
-            tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n", 0o644
-        )
-        _add_file(tar, "etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)
-        _add_file(tar, "usr/local/bin/gpucp-job", JOB_SCRIPT.encode(), 0o755)
+        add_userland(tar, busybox)
+        add_file(tar, "usr/local/bin/gpucp-job", JOB_SCRIPT.encode(), 0o755)
     return buf.getvalue()
 
 
@@ -104,28 +112,39 @@ def _version(busybox: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def current_image(client: docker.DockerClient, tag: str, version: str) -> str | None:
+    """The id of ``tag`` when it is there and carries ``version`` in its version label; None otherwise."""
+    try:
+        image = client.images.get(tag)
+    except ImageNotFound:
+        return None
+    return str(image.id) if (image.labels or {}).get(VERSION_LABEL) == version else None
+
+
+def import_rootfs(
+    client: docker.DockerClient, tag: str, rootfs: bytes | Path, *, version: str, changes: list[str]
+) -> str:
+    """``docker import`` of a root file system tarball (its bytes, or a file for a large one) as ``tag``, with the
+    Dockerfile instructions ``changes`` and the version label. Returns the image id."""
+    repository, _, image_tag = tag.rpartition(":")
+    if not repository:
+        repository, image_tag = tag, "latest"
+    changes = [*changes, f"LABEL {VERSION_LABEL}={version}"]
+    if isinstance(rootfs, Path):
+        client.api.import_image_from_file(str(rootfs), repository=repository, tag=image_tag, changes=changes)
+    else:
+        client.api.import_image_from_data(rootfs, repository=repository, tag=image_tag, changes=changes)
+    return str(client.images.get(tag).id)
+
+
 def ensure_busybox_image(client: docker.DockerClient, tag: str = DEFAULT_TAG, *, force: bool = False) -> str:
     """Build ``tag`` unless an image of the same version is there already. Returns the image id."""
     busybox = find_busybox()
     version = _version(busybox)
-    if not force:
-        try:
-            image = client.images.get(tag)
-        except ImageNotFound:
-            pass
-        else:
-            if (image.labels or {}).get(VERSION_LABEL) == version:
-                return str(image.id)
-    repository, _, image_tag = tag.rpartition(":")
-    if not repository:
-        repository, image_tag = tag, "latest"
-    changes = [
-        "ENV PATH=/usr/local/bin:/bin",
-        'CMD ["/usr/local/bin/gpucp-job"]',
-        f"LABEL {VERSION_LABEL}={version}",
-    ]
-    client.api.import_image_from_data(build_rootfs(busybox), repository=repository, tag=image_tag, changes=changes)
-    return str(client.images.get(tag).id)
+    if not force and (image_id := current_image(client, tag, version)) is not None:
+        return image_id
+    changes = ["ENV PATH=/usr/local/bin:/bin", 'CMD ["/usr/local/bin/gpucp-job"]']
+    return import_rootfs(client, tag, build_rootfs(busybox), version=version, changes=changes)
 
 
 def main(argv: list[str] | None = None) -> int:

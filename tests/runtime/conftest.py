@@ -1,4 +1,4 @@
-"""Fixtures for the Docker runtime tests: a real engine, the local busybox image, and a fake clock.
+"""Fixtures for the Docker runtime tests: a real engine, the local busybox and Jupyter images, and a fake clock.
 
 Each test gets its own ``gpucp.node`` label, so the tests never see each other's containers, and every
 container carrying that label is removed when the test ends, whatever happened.
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from nodeagent import schema
+from nodeagent.runtime import jupyterimage
 from nodeagent.runtime.containers import LABEL_NODE
 from nodeagent.runtime.docker import DockerRuntime
 from nodeagent.runtime.localimage import DEFAULT_TAG, ensure_busybox_image
@@ -28,6 +29,13 @@ pytestmark = pytest.mark.docker
 def busybox_image(docker_client) -> str:  # type: ignore[no-untyped-def]
     ensure_busybox_image(docker_client, DEFAULT_TAG)
     return DEFAULT_TAG
+
+
+@pytest.fixture(scope="session")
+def jupyter_image(docker_client) -> str:  # type: ignore[no-untyped-def]
+    """``gpucp-jupyter:test``: built here when CI's ``scripts/build-test-image`` has not (a minute or so)."""
+    jupyterimage.ensure_jupyter_image(docker_client, jupyterimage.DEFAULT_TAG)
+    return jupyterimage.DEFAULT_TAG
 
 
 @pytest.fixture
