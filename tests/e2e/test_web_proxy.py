@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +20,8 @@ from django.utils import timezone
 
 from controlplane.dispatch.models import Launch
 from controlplane.reservations.models import Reservation, ReservationEvent
+from nodeagent.runtime.jupyterimage import DEFAULT_TAG as JUPYTER_TAG
+from nodeagent.runtime.jupyterimage import ensure_jupyter_image
 from nodeagent.runtime.localimage import DEFAULT_TAG
 from tests.e2e.fleet_support import Node, running, start_nodes, wait_for
 from tests.e2e.proxy_support import Browser, ProxyThread, running_proxy
@@ -206,3 +209,76 @@ def test_the_web_terminal_is_warned_and_closed_at_the_windows_end(team: dict[str
     shown, code = asyncio.run(_terminal(url, b"echo waiting\n", until_closed=True))
     assert code == 4410, shown
     assert "ends in" in shown and "ended at" in shown
+
+
+async def _run_cell(browser: Browser, app: str, code: str) -> str:
+    """Start a kernel through the proxy, run ``code`` over the kernel's WebSocket through the proxy, and answer
+    what it printed. The browser's cookies go with both, as a page's would."""
+    host = app.split("//", 1)[1].rstrip("/")
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.get(host, {}).items())
+    port = host.rsplit(":", 1)[1]
+    kernel = browser.request("POST", f"{app}api/kernels", json={"name": "python3"})
+    assert kernel.status_code == 201, kernel.text
+    url = f"ws://127.0.0.1:{port}/api/kernels/{kernel.json()['id']}/channels"
+    headers = {"Host": host, "Origin": app.rstrip("/"), "Cookie": cookie}
+    msg_id = uuid.uuid4().hex
+    out: list[str] = []
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
+        await ws.send_str(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": uuid.uuid4().hex,
+                       "username": "test", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        }))  # fmt: skip
+        replied = idle = False
+        while not (replied and idle):
+            msg = json.loads(await ws.receive_str(timeout=60))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = msg["header"]["msg_type"]
+            if kind == "stream":
+                out.append(msg["content"]["text"])
+            replied = replied or kind == "execute_reply"
+            idle = idle or (kind == "status" and msg["content"]["execution_state"] == "idle")
+    return "".join(out)
+
+
+@override_settings(DISPATCH_WARN_BEFORE_S=0, DISPATCH_STOP_GRACE_S=1)
+def test_jupyterlab_opens_signed_in_and_runs_a_cell(
+    team: dict[str, Any], proxy: ProxyThread, docker_client: Any
+) -> None:
+    ensure_jupyter_image(docker_client)
+    alice = team["alice"]
+    ports = [{"name": "jupyter", "port": 8888, "path": "/lab", "auth": "jupyter"}]
+    answer = alice.post(
+        "/reservations/",
+        {
+            "project": "demo", "name": "lab", "spec": {"gpu_model": "H100-80GB", "gpu_count": 1},
+            "window": {"start": "now", "duration": 600},
+            "container": {"image": JUPYTER_TAG, "ports": ports},
+        },
+    )  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    r = running(Reservation.objects.get(public_id=answer.json()["id"]))
+    app = f"http://{r.public_id}-jupyter.localhost:{proxy.port}/"
+    browser = Browser()
+    link = open_link(alice, r, port="jupyter").json()["url"]
+    assert "next=" not in link  # the port's path travels inside the signed token
+    # The server may still be starting in its container: Open again until the lab answers.
+    lab = browser.get(link)
+    deadline = timezone.now() + timedelta(seconds=60)
+    while lab.status_code != 200 and timezone.now() < deadline:
+        lab = browser.get(f"{app}lab")
+    assert lab.status_code == 200 and "JupyterLab" in lab.text, lab.text[:500]
+
+    # Signed in by the proxy (no token anywhere in the browser): the kernel runs a cell over its WebSocket.
+    assert asyncio.run(_run_cell(browser, app, "print(6*7)")) == "42\n"
+    # A file goes up and comes back.
+    content = {"type": "file", "format": "text", "content": "uploaded through the proxy"}
+    up = browser.request("PUT", f"{app}api/contents/hello.txt", json=content)
+    assert up.status_code in (200, 201), up.text
+    down = browser.get(f"{app}files/hello.txt")
+    assert (down.status_code, down.text) == (200, "uploaded through the proxy")
+    # Without the proxy's cookie nothing reaches the lab, token or not.
+    assert Browser().get(f"{app}api/status").status_code == 404
