@@ -20,14 +20,14 @@ SHIPPED: list[dict[str, Any]] = [
             "network": "none",
         },
         "spec": {"min_memory_mib": 16384, "gpu_count": 1},
-        "ports": [{"name": "tensorboard", "port": 6006, "protocol": "http"}],
+        "ports": [{"name": "tensorboard", "port": 6006, "protocol": "http", "path": "/", "auth": "none"}],
         "duration_s": 4 * 3600,
     },
     {
         "name": "jupyterlab",
         "title": "JupyterLab with PyTorch (CUDA 12)",
-        "description": "The Jupyter project's PyTorch notebook image with CUDA 12. JupyterLab listens on port 8888; "
-        "its login token is in the container's log.",
+        "description": "The Jupyter project's PyTorch notebook image with CUDA 12. Open JupyterLab from the "
+        "reservation's page: the web proxy signs you in (docs/proxy.md).",
         "container": {
             "image": "quay.io/jupyter/pytorch-notebook:cuda12-latest",
             "command": [],
@@ -37,7 +37,7 @@ SHIPPED: list[dict[str, Any]] = [
             "network": "none",
         },
         "spec": {"min_memory_mib": 8192, "gpu_count": 1},
-        "ports": [{"name": "jupyter", "port": 8888, "protocol": "http"}],
+        "ports": [{"name": "jupyter", "port": 8888, "protocol": "http", "path": "/lab", "auth": "jupyter"}],
         "duration_s": 2 * 3600,
     },
     {
@@ -55,10 +55,30 @@ SHIPPED: list[dict[str, Any]] = [
             "network": "egress",
         },
         "spec": {"min_memory_mib": 24576, "gpu_count": 1},
-        "ports": [{"name": "api", "port": 8000, "protocol": "http"}],
+        "ports": [{"name": "api", "port": 8000, "protocol": "http", "path": "/docs", "auth": "none"}],
         "duration_s": 8 * 3600,
     },
 ]
+
+
+# What the jupyterlab template said before the web proxy: a template still saying it is brought up to date.
+JUPYTERLAB_BEFORE_PROXY = {
+    "description": "The Jupyter project's PyTorch notebook image with CUDA 12. JupyterLab listens on port 8888; "
+    "its login token is in the container's log.",
+    "ports": [{"name": "jupyter", "port": 8888, "protocol": "http"}],
+}
+
+
+def open_jupyterlab_in_the_proxy(template_model: Any, *, now: Any) -> int:
+    """The operator-wide jupyterlab template as shipped before the web proxy gets its signing-in port and its new
+    description; one an operator changed is left alone. Returns how many it changed."""
+    current = next(d for d in SHIPPED if d["name"] == "jupyterlab")
+    return template_model.objects.filter(
+        project__isnull=True,
+        name="jupyterlab",
+        description=JUPYTERLAB_BEFORE_PROXY["description"],
+        ports=JUPYTERLAB_BEFORE_PROXY["ports"],
+    ).update(description=current["description"], ports=current["ports"], updated_at=now)
 
 
 def load(template_model: Any, *, now: Any) -> int:

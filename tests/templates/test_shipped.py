@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.templates import services
 from controlplane.templates.models import LaunchTemplate
-from controlplane.templates.shipped import SHIPPED, load
+from controlplane.templates.shipped import JUPYTERLAB_BEFORE_PROXY, SHIPPED, load
 from nodeagent import imageref
 from tests.factories import OperatorFactory, UserFactory
 from tests.reservations.fleet import gpu_model, project, server
@@ -25,9 +25,11 @@ def test_the_shipped_templates_are_present_and_valid():
     shipped = {t.name: t for t in LaunchTemplate.objects.filter(project__isnull=True, name__in=NAMES)}
     assert set(shipped) == NAMES
     assert shipped["pytorch"].container["image"].startswith("nvcr.io/nvidia/pytorch:")
-    assert shipped["jupyterlab"].ports == [{"name": "jupyter", "port": 8888, "protocol": "http"}]
+    assert shipped["jupyterlab"].ports == [
+        {"name": "jupyter", "port": 8888, "protocol": "http", "path": "/lab", "auth": "jupyter"}
+    ]
     assert shipped["vllm"].container["image"].startswith("vllm/vllm-openai:v")
-    assert shipped["vllm"].ports == [{"name": "api", "port": 8000, "protocol": "http"}]
+    assert shipped["vllm"].ports == [{"name": "api", "port": 8000, "protocol": "http", "path": "/docs", "auth": "none"}]
     staff = OperatorFactory()
     for name, template in shipped.items():
         # Each image reference by the one rule, with a pinned tag (never "latest" alone).
@@ -53,6 +55,17 @@ def test_the_migration_loads_them_once_and_leaves_an_operators_changes(django_db
     assert LaunchTemplate.objects.get(name="pytorch").title == "Ours"
     assert LaunchTemplate.objects.get(name="vllm", project__isnull=True).container == {"image": "example/own:1"}
     assert len(SHIPPED) == 3
+
+
+def test_the_jupyterlab_template_shipped_before_the_proxy_opens_signed_in_unless_an_operator_changed_it():
+    migration = importlib.import_module("controlplane.templates.migrations.0003_jupyterlab_opens_in_the_proxy")
+    LaunchTemplate.objects.filter(name="jupyterlab", project__isnull=True).update(**JUPYTERLAB_BEFORE_PROXY)
+    migration.update_shipped(apps, None)
+    lab = LaunchTemplate.objects.get(name="jupyterlab", project__isnull=True)
+    assert lab.ports[0]["auth"] == "jupyter" and "signs you in" in lab.description
+    LaunchTemplate.objects.filter(pk=lab.pk).update(**{**JUPYTERLAB_BEFORE_PROXY, "description": "Ours"})
+    migration.update_shipped(apps, None)
+    assert LaunchTemplate.objects.get(pk=lab.pk).ports == JUPYTERLAB_BEFORE_PROXY["ports"]
 
 
 def test_a_shipped_template_books(api_client):  # type: ignore[no-untyped-def]
