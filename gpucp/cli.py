@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpucp import __version__, auth, keys, logs, reservations, ssh, usage, volumes
+from gpucp import __version__, auth, keys, logs, reservations, ssh, usage, volumes, web
 from gpucp.client import DEFAULT_TIMEOUT_S
 from gpucp.errors import EXIT_CODES_HELP, GpucpError
 from gpucp.state import State
@@ -65,6 +65,7 @@ for command in (
     reservations.cancel,
     logs.logs,
     ssh.ssh,
+    web.open_app,
     usage.usage,
     keys.keys,
     volumes.volumes,

@@ -66,6 +66,16 @@ def _dataset(value: str) -> dict[str, Any]:
     return {"dataset": name, **({"path": where} if sep else {})}
 
 
+def _port(value: str) -> dict[str, Any]:
+    """``NAME:PORT[:PATH]`` as a booking's named web port (http; the path defaults to /). The API judges the
+    name, the port's range and the path."""
+    name, _, rest = value.partition(":")
+    number, sep, where = rest.partition(":")
+    if not name or not number.isdigit() or (sep and not where):
+        raise click.BadParameter(f"{value!r} is not NAME:PORT[:PATH] (e.g. jupyter:8888:/lab).", param_hint="--port")
+    return {"name": name, "port": int(number), **({"path": where} if sep else {})}
+
+
 def _default_name(image: str) -> str:
     # registry.example/team/train:1 -> train
     return image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0] or "gpucp"
@@ -190,6 +200,13 @@ def gpus(state: State, models: tuple[str, ...], count: int, hours: float, within
     help="Mount a dataset read-only (default path /datasets/NAME); repeatable.",
 )
 @click.option(
+    "--port",
+    "port_args",
+    multiple=True,
+    metavar="NAME:PORT[:PATH]",
+    help="A web app the container serves on PORT, opened by `gpucp open ID NAME` at PATH (default /); repeatable.",
+)
+@click.option(
     "--network",
     type=click.Choice(["none", "egress"]),
     default=None,
@@ -216,6 +233,7 @@ def book(
     env: tuple[str, ...],
     volume_args: tuple[str, ...],
     dataset_args: tuple[str, ...],
+    port_args: tuple[str, ...],
     network: str | None,
     idempotency_key: str | None,
     command: tuple[str, ...],
@@ -240,6 +258,7 @@ def book(
     sent_start, _ = _start(start)
     variables = _env(env)
     mounts = [*(_volume(v) for v in volume_args), *(_dataset(d) for d in dataset_args)]
+    ports = [_port(p) for p in port_args]
     api = state.api()
     if template is not None:
         body = _template_body(
@@ -254,6 +273,7 @@ def book(
             command=list(command),
             env=variables,
             mounts=mounts,
+            ports=ports,
             network=network,
         )
         detail = api.post(path("reservations"), body, key=idempotency_key or str(uuid.uuid4()))
@@ -274,6 +294,7 @@ def book(
             "env": variables,
             # Sent only when asked for: a plain booking's body stays as it was.
             **({"volumes": mounts} if mounts else {}),
+            **({"ports": ports} if ports else {}),
             **({"network": network} if network else {}),
         },
     }
@@ -304,6 +325,7 @@ def _template_body(
     command: list[str],
     env: dict[str, str],
     mounts: list[dict[str, Any]],
+    ports: list[dict[str, Any]],
     network: str | None,
 ) -> dict[str, Any]:
     """A booking from a template: only what the options give is sent, the API fills in the template's."""
@@ -316,6 +338,8 @@ def _template_body(
         **({"command": command} if command else {}),
         **({"env": env} if env else {}),
         **({"volumes": mounts} if mounts else {}),
+        # Given, they replace the template's ports; left out, the booking gets the template's.
+        **({"ports": ports} if ports else {}),
         **({"network": network} if network else {}),
     }
     return {
@@ -407,6 +431,7 @@ def show(state: State, reservation_id: uuid.UUID) -> None:
                 right=[1],
             )
         )
+    _ports(detail)
     click.echo("\nEvents:")
     click.echo(
         table(
@@ -448,6 +473,24 @@ def show(state: State, reservation_id: uuid.UUID) -> None:
             click.echo(f"\nLog of the last container (its last {len(tail)} lines):")
             for line in tail:
                 click.echo("  " + line)
+
+
+def _ports(detail: dict[str, Any]) -> None:
+    """The named ports; while the container runs, each web app's stable address (``access.web``)."""
+    ports = detail.get("ports") or []
+    if not ports:
+        return
+    urls = {app["name"]: app["url"] for app in (detail.get("access") or {}).get("web") or []}
+    click.echo("\nPorts:")
+    click.echo(
+        table(
+            ["NAME", "PORT", "PROTOCOL", "PATH", "URL"],
+            [[p["name"], p["port"], p["protocol"], p.get("path", "/"), urls.get(p["name"], "-")] for p in ports],
+            right=[1],
+        )
+    )
+    if urls:
+        click.echo(f"`gpucp open {detail['id']} NAME` signs the browser in to an app (a one-time link).")
 
 
 @click.command()

@@ -61,3 +61,15 @@ def test_without_a_template_the_model_hours_and_image_are_needed(gpucp: Gpucp):
     assert result.exit_code == 2
     assert "Give --hours, --image, or --template NAME." in result.stderr
     assert not Reservation.objects.exists()
+
+
+def test_a_templates_ports_come_with_it_unless_port_gives_others(gpucp: Gpucp, train: LaunchTemplate):
+    train.ports = [{"name": "jupyter", "port": 8888, "protocol": "http", "path": "/lab", "auth": "none"}]
+    train.save(update_fields=["ports"])
+    inherited = json.loads(gpucp("--json", "book", "-t", "train").stdout)
+    assert inherited["ports"] == train.ports
+    own = gpucp("--json", "book", "-t", "train", "--port", "web:8080")
+    assert own.exit_code == 0, own.output
+    assert json.loads(own.stdout)["ports"] == [
+        {"name": "web", "port": 8080, "protocol": "http", "path": "/", "auth": "none"}
+    ]
