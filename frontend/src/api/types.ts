@@ -124,6 +124,39 @@ export interface Reservation {
   secrets?: SecretUse[];
   /** The launch template it was booked from (docs/templates.md), or null. */
   template?: string | null;
+  /** What the container serves, by name (`container.ports`, normalised with every key; docs/access.md). */
+  ports?: ContainerPort[];
+}
+
+export type PortProtocol = "http" | "https" | "tcp";
+
+/** A port the container serves: `path` is where Open lands; auth "jupyter" opens JupyterLab signed in. */
+export interface ContainerPort {
+  name: string;
+  port: number;
+  protocol: PortProtocol;
+  path: string;
+  auth: "none" | "jupyter";
+}
+
+/** An http port the proxy serves now (`access.web`): `url` is the app's stable address, without a token. */
+export interface WebApp extends ContainerPort {
+  url: string;
+}
+
+/** POST reservations/{id}/open/: a one-time signed link (60 s) that signs the browser in to the app. */
+export interface OpenedApp {
+  name: string;
+  url: string;
+  app_url: string;
+  expires_at: string;
+}
+
+/** POST reservations/{id}/terminal/: a one-time WebSocket address (60 s) for a shell in the container. */
+export interface TerminalTicket {
+  url: string;
+  expires_at: string;
+  server: string;
 }
 
 export interface Allocation {
@@ -159,6 +192,10 @@ export interface ReservationAccess {
   ready: boolean;
   message: string;
   ssh: SshAccess[];
+  /** The web apps the proxy serves now (only while ready); absent from a server without the proxy. */
+  web?: WebApp[];
+  /** Whether a web terminal can be opened now. */
+  terminal?: boolean;
 }
 
 export interface ReservationMount {
@@ -204,7 +241,8 @@ export interface LaunchTemplate {
     network: string;
   };
   spec: { gpu_model?: string; min_memory_mib?: number; gpu_count?: number; whole_servers?: number } | null;
-  ports: { name: string; port: number; protocol: string }[];
+  /** Its named ports; a booking from it gets them unless it gives its own. `path` and `auth` may be absent. */
+  ports: (Pick<ContainerPort, "name" | "port" | "protocol"> & Partial<Pick<ContainerPort, "path" | "auth">>)[];
   /** The default window length, in seconds. */
   duration: number;
 }

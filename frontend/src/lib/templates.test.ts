@@ -10,7 +10,7 @@ const pytorch: LaunchTemplate = {
   description: "",
   container: { image: "nvcr.io/nvidia/pytorch:25.01-py3", command: ["sleep", "infinity"], env: {}, secrets: [], volumes: [], network: "none" },
   spec: { min_memory_mib: 16384, gpu_count: 1 },
-  ports: [],
+  ports: [{ name: "jupyter", port: 8888, protocol: "http", path: "/lab", auth: "jupyter" }],
   duration: 4 * 3600,
 };
 
@@ -23,6 +23,7 @@ describe("templateFill", () => {
       command: "sleep infinity",
       model: null,
       count: 1,
+      ports: [{ name: "jupyter", port: 8888, protocol: "http", path: "/lab", auth: "jupyter" }],
       end: Date.parse("2026-05-01T18:00:00Z"),
     });
   });

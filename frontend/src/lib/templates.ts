@@ -1,13 +1,15 @@
 import type { LaunchTemplate } from "../api/types";
 
 /** What picking a launch template puts in the booking form: its name, image, command (as the form's words),
- * the GPU model and count where its spec gives them, and the end its window length gives from `start`. */
+ * the GPU model and count where its spec gives them, its web ports, and the end its window length gives from
+ * `start`. */
 export interface TemplateFill {
   name: string;
   image: string;
   command: string;
   model: string | null;
   count: number | null;
+  ports: LaunchTemplate["ports"];
   end: number;
 }
 
@@ -18,6 +20,7 @@ export function templateFill(t: LaunchTemplate, start: number): TemplateFill {
     command: (t.container.command ?? []).join(" "),
     model: t.spec?.gpu_model ?? null,
     count: t.spec?.gpu_count ?? null,
+    ports: t.ports ?? [],
     end: start + t.duration * 1000,
   };
 }

@@ -22,11 +22,13 @@ import { useBalances, useGpuModels, useMe, useQuotas, useServers } from "../api/
 import type { EarliestAnswer, FreeAnswer, LaunchTemplate, Page, ReservationDetail, TimelineAnswer } from "../api/types";
 import { ErrorAlert, QueryState } from "../components/QueryState";
 import { ContainerFields, SecretFields, SpecFields } from "../components/BookingFields";
+import { PortFields } from "../components/PortFields";
 import { DateTimeInput } from "../components/DateTimeInput";
 import { Timeline } from "../components/Timeline";
 import { useShownZone } from "../components/ZoneToggle";
 import { formatCredits, formatDateTime, formatHours, formatRelative, zoneLabel } from "../lib/format";
 import { commandWords } from "../lib/queue";
+import { portProblems, portRows, portsBody, type PortRow } from "../lib/ports";
 import { hoursBetween, quotaEffect } from "../lib/quota";
 import { secretProblems, secretsBody, warningsOf, type SecretChoice } from "../lib/secrets";
 import { templateFill, templateLabel } from "../lib/templates";
@@ -65,6 +67,7 @@ export function AvailabilityPage() {
   const [image, setImage] = useState("gpucp-busybox:test");
   const [command, setCommand] = useState("");
   const [secrets, setSecrets] = useState<SecretChoice[]>([]);
+  const [ports, setPorts] = useState<PortRow[]>([]);
   // A launch template (docs/templates.md): picking one fills the form; the booking names it, so what the form
   // does not show (env, secrets, volumes, network) comes from the template on the server.
   const [template, setTemplate] = useState<string | null>(null);
@@ -88,6 +91,7 @@ export function AvailabilityPage() {
       setViewModel(fill.model);
     }
     if (fill.count) setCount(fill.count);
+    setPorts(portRows(fill.ports));
     setEnd(fill.end);
   }
 
@@ -169,6 +173,8 @@ export function AvailabilityPage() {
           command: commandWords(command),
           env: {},
           ...(secrets.length ? { secrets: secretsBody(secrets) } : {}),
+          // With a template, the rows are its ports as the form left them: none left means none.
+          ...(ports.length || template ? { ports: portsBody(ports) } : {}),
         },
       }),
     onSuccess: async (r) => {
@@ -187,6 +193,7 @@ export function AvailabilityPage() {
     ...(startsInPast ? ["The start is in the past: pick a later start, or Start now."] : []),
     ...effect.problems,
     ...secretProblems(secrets),
+    ...portProblems(ports),
   ];
   const fits = !free.data || (free.data.proposal !== null && free.data.free_gpus >= count);
   const canBook = !!project && windowOk && count >= 1 && problems.length === 0 && fits;
@@ -370,6 +377,7 @@ export function AvailabilityPage() {
               <TextInput label="Name" value={name} onChange={(e) => setName(e.currentTarget.value)} error={fieldErr("name")} required />
               <ContainerFields image={image} command={command} onImage={setImage} onCommand={setCommand} fieldErr={fieldErr} />
               <SecretFields project={project} value={secrets} onChange={setSecrets} fieldErr={fieldErr} />
+              <PortFields value={ports} onChange={setPorts} fieldErr={fieldErr} />
 
               {book.error && (
                 <Alert color="red" title="The booking was refused" role="alert" data-testid="book-error">

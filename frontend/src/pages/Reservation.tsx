@@ -28,6 +28,7 @@ import { SimulatedBadge, StateBadge } from "../components/Badges";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { ConnectPanel } from "../components/ConnectPanel";
 import { LogPanel } from "../components/LogPanel";
+import { TerminalPanel, WebAppsPanel } from "../components/WebApps";
 import { megabytes, pullText, type PullProgress } from "../lib/logs";
 import { IdleBanner } from "../components/IdleBanner";
 import { ErrorAlert, NotAvailable, QueryState } from "../components/QueryState";
@@ -89,6 +90,7 @@ const FINAL = FINAL_STATES;
 function ReservationView({ r }: { r: ReservationDetail }) {
   const live = ["starting", "running", "ending"].includes(r.state);
   const now = useNow(10_000);
+  const [terminalOpen, setTerminalOpen] = useState(false);
   return (
     <Stack>
       <Group justify="space-between" align="flex-start">
@@ -150,6 +152,10 @@ function ReservationView({ r }: { r: ReservationDetail }) {
       <CostPanel r={r} />
 
       <ConnectPanel access={r.access} reservationId={r.id} />
+
+      <WebAppsPanel r={r} terminalOpen={terminalOpen} onTerminal={() => setTerminalOpen((o) => !o)} />
+
+      {terminalOpen && <TerminalPanel r={r} onClose={() => setTerminalOpen(false)} />}
 
       <ResourcesPanel r={r} />
 
