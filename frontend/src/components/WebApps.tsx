@@ -1,5 +1,5 @@
 // A running reservation's web apps and web terminal in the browser, through the control plane's authenticated
-// proxy (docs/access.md, "Web apps"). Open asks for a one-time signed link (reservations/{id}/open/) and sends a
+// proxy (docs/proxy.md, "Opening an app"). Open asks for a one-time signed link (reservations/{id}/open/) and sends a
 // new tab to it; the proxy signs that tab in to the app's host and redirects to the app.
 import { Anchor, Badge, Button, Card, Code, Group, NativeSelect, Stack, Table, Text } from "@mantine/core";
 import { useCallback, useEffect, useRef, useState } from "react";

@@ -1,5 +1,5 @@
 // The web terminal: xterm.js on a shell in the reservation's container, through the proxy's WebSocket
-// (docs/access.md, "Web terminal"). Imported only when a terminal is opened (TerminalPanel in WebApps.tsx), so
+// (docs/proxy.md, "The web terminal"). Imported only when a terminal is opened (TerminalPanel in WebApps.tsx), so
 // neither the main bundle nor the reservation page carries xterm. Plain DOM, no React, Mantine or API client:
 // the ticket, the status line and the buttons are the panel's, so this chunk shares no module with the pages and
 // the bundler's split of their shared code (what every first load fetches) stays as it was.

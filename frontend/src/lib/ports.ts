@@ -1,4 +1,4 @@
-// A container's named ports (docs/access.md, "Web apps"): the booking form's rows as `container.ports`, the form's
+// A container's named ports (docs/proxy.md, "Opening an app"): the booking form's rows as `container.ports`, the form's
 // own checks, and the reservation page's list of web apps (which open in the browser, which need `gpucp ssh -L`).
 import type { ContainerPort, LaunchTemplate, PortProtocol, WebApp } from "../api/types";
 

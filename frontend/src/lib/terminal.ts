@@ -1,4 +1,4 @@
-// The web terminal's side of the proxy's WebSocket protocol (docs/access.md, "Web terminal"): keystrokes go as
+// The web terminal's side of the proxy's WebSocket protocol (docs/proxy.md, "The web terminal"): keystrokes go as
 // binary frames, a resize as a JSON text frame, and the close code says why the terminal ended.
 
 /** The text frame that tells the PTY its size: sent right after the socket opens and on every resize. */
