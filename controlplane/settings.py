@@ -347,6 +347,9 @@ if PROXY_APPS_URL.count("*") != 1 or not PROXY_APPS_URL.split("://", 1)[-1].star
 PROXY_LINK_TTL_S = env_int("PROXY_LINK_TTL_S", 60, minimum=5)
 # How long the proxy trusts what it read of a reservation (its window, its members) before reading it again.
 PROXY_GRANT_CACHE_S = env_float("PROXY_GRANT_CACHE_S", 2.0, minimum=0.0)
+# How many proxies (load balancers) in front of the web proxy append to X-Forwarded-For: the browser's address
+# recorded in the events is the one that many entries from the right. 0: the connection's own peer.
+PROXY_FORWARDED_HOPS = env_int("PROXY_FORWARDED_HOPS", 0, minimum=0)
 # An SSH connection to a node's gateway with nothing open on it is closed after this long.
 PROXY_TUNNEL_IDLE_S = env_float("PROXY_TUNNEL_IDLE_S", 120.0, minimum=1.0)
 # Credits per GiB-hour of a volume's size limit (docs/volumes.md, "Charges").

@@ -81,6 +81,14 @@ def refusal(grant: Grant) -> web.Response:
 
 
 def client_address(request: web.Request) -> str:
+    """The browser's address: the connection's peer, or with ``PROXY_FORWARDED_HOPS`` balancers in front, the
+    X-Forwarded-For entry they vouch for (the one that many from the right; a client's own entries are further
+    left and never read)."""
+    hops = settings.PROXY_FORWARDED_HOPS
+    if hops:
+        chain = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",") if part.strip()]
+        if len(chain) >= hops:
+            return chain[-hops]
     peer = request.transport.get_extra_info("peername") if request.transport else None
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(request.remote or "?")
 
@@ -229,7 +237,8 @@ class Proxy:
         if grant.token is not None:
             out["Authorization"] = f"token {grant.token}"
         out["Host"] = request.host
-        out["X-Forwarded-For"] = client_address(request).rsplit(":", 1)[0]
+        address = client_address(request)
+        out["X-Forwarded-For"] = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
         out["X-Forwarded-Host"] = request.host
         out["X-Forwarded-Proto"] = "https" if settings.PROXY_APPS_URL.startswith("https://") else "http"
         return out
