@@ -282,3 +282,20 @@ def test_jupyterlab_opens_signed_in_and_runs_a_cell(
     assert (down.status_code, down.text) == (200, "uploaded through the proxy")
     # Without the proxy's cookie nothing reaches the lab, token or not.
     assert Browser().get(f"{app}api/status").status_code == 404
+
+    # The window ends (a cancel during it ends it now): an open kernel WebSocket is closed, the lab is gone.
+    async def held_until_closed() -> int | None:
+        host = app.split("//", 1)[1].rstrip("/")
+        cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.get(host, {}).items())
+        kernel = browser.request("POST", f"{app}api/kernels", json={"name": "python3"}).json()["id"]
+        url = f"ws://127.0.0.1:{proxy.port}/api/kernels/{kernel}/channels"
+        headers = {"Host": host, "Origin": app.rstrip("/"), "Cookie": cookie}
+        async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
+            cancelled = await asyncio.to_thread(alice.post, f"/reservations/{r.public_id}/cancel/", {"reason": "done"})
+            assert cancelled.status_code == 200, cancelled.text
+            while (await ws.receive(timeout=30)).type not in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED):
+                pass
+            return ws.close_code
+
+    assert asyncio.run(held_until_closed()) == 4410
+    assert browser.get(f"{app}lab").status_code == 410

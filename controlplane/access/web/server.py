@@ -338,8 +338,16 @@ class Proxy:
             await _pump_ws(client, upstream)
         finally:
             self._live.discard(live)
-            await upstream.close()
-            await client.close()
+        if not client.closed:
+            # The app's side ended first: its own close code, unless the reason is that the grant went (the
+            # gateway closes the reservation's connections at the window's end, perhaps before our watcher).
+            after = await self.grant(user_id, grant.reservation, live.port, fresh=True)
+            if not after.ok:
+                await close(after)
+            else:
+                code = upstream.close_code
+                await client.close(code=CLOSE_UPSTREAM if code in (None, 1005, 1006) else code)
+        await upstream.close(code=client.close_code or 1000)
         return client
 
     # --- the web terminal --------------------------------------------------------------------------------
@@ -408,6 +416,8 @@ class Proxy:
 
 
 async def _pump_ws(client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
+    """Relay frames both ways until either side closes; the caller closes the other side."""
+
     async def down() -> None:
         async for msg in upstream:
             if msg.type == WSMsgType.TEXT:
@@ -416,9 +426,6 @@ async def _pump_ws(client: web.WebSocketResponse, upstream: aiohttp.ClientWebSoc
                 await client.send_bytes(msg.data)
             else:
                 break
-        if not client.closed:
-            code = upstream.close_code if upstream.close_code and upstream.close_code != 1006 else 1000
-            await client.close(code=code)
 
     async def up() -> None:
         async for msg in client:
@@ -428,8 +435,6 @@ async def _pump_ws(client: web.WebSocketResponse, upstream: aiohttp.ClientWebSoc
                 await upstream.send_bytes(msg.data)
             else:
                 break
-        if not upstream.closed:
-            await upstream.close(code=client.close_code or 1000)
 
     tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
     try:
