@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from aiohttp import WSMsgType, web
@@ -100,6 +100,17 @@ def strip_cookie(header: str | None) -> str | None:
     kept = [part for part in header.split(";") if part.strip().split("=", 1)[0].strip() != links.COOKIE]
     joined = ";".join(kept).strip()
     return joined or None
+
+
+class _Call(NamedTuple):
+    """One request being relayed: the browser's, the client pool that reaches the app, and whose it is."""
+
+    request: web.Request
+    session: aiohttp.ClientSession
+    url: URL
+    headers: dict[str, str]
+    user_id: int
+    grant: Grant
 
 
 @dataclass(eq=False)
@@ -215,9 +226,10 @@ class Proxy:
         url = URL(f"http://localhost{request.raw_path}", encoded=True)
         try:
             async with self.tunnels.http(grant, grant.targets[0], grant.port.port) as session:
+                call = _Call(request, session, url, headers, user_id, grant)
                 if request.headers.get("Upgrade", "").lower() == "websocket":
-                    return await self._relay_ws(request, session, url, headers, user_id, grant)
-                return await self._relay_http(request, session, url, headers, user_id, grant)
+                    return await self._relay_ws(call)
+                return await self._relay_http(call)
         except TunnelError as exc:
             log.warning("proxy: %s", exc)
             return _page(502, "The app could not be reached", "The node's gateway did not take the connection.")
@@ -243,15 +255,8 @@ class Proxy:
         out["X-Forwarded-Proto"] = "https" if settings.PROXY_APPS_URL.startswith("https://") else "http"
         return out
 
-    async def _relay_http(
-        self,
-        request: web.Request,
-        session: aiohttp.ClientSession,
-        url: URL,
-        headers: dict[str, str],
-        user_id: int,
-        grant: Grant,
-    ) -> web.StreamResponse:
+    async def _relay_http(self, call: _Call) -> web.StreamResponse:
+        request, session, url, headers, user_id, grant = call
         body = request.content if request.body_exists else None
         try:
             upstream = await session.request(
@@ -304,15 +309,8 @@ class Proxy:
 
         return abort
 
-    async def _relay_ws(
-        self,
-        request: web.Request,
-        session: aiohttp.ClientSession,
-        url: URL,
-        headers: dict[str, str],
-        user_id: int,
-        grant: Grant,
-    ) -> web.StreamResponse:
+    async def _relay_ws(self, call: _Call) -> web.StreamResponse:
+        request, session, url, headers, user_id, grant = call
         protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
         try:
             upstream = await session.ws_connect(

@@ -272,6 +272,14 @@ class PortSerializer(serializers.Serializer):
     )
 
 
+def ports_field(help_text: str) -> serializers.ListField:
+    """A list of named ports (a booking's ``container.ports``, a template's ``ports``); more than 16 is judged,
+    with the rest, by specs.port_problems."""
+    return serializers.ListField(
+        child=PortSerializer(), required=False, default=list, max_length=64, help_text=help_text
+    )
+
+
 def port_from(data: dict[str, Any]) -> WebPort:
     return WebPort(
         name=data["name"], port=data["port"], protocol=data["protocol"], path=data["path"], auth=data["auth"]
@@ -314,13 +322,7 @@ class ContainerSerializer(serializers.Serializer):
         max_length=MAX_SECRETS,
         help_text="Project secrets the container gets, as variables or files; values never appear in an answer.",
     )
-    ports = serializers.ListField(
-        child=PortSerializer(),
-        required=False,
-        default=list,
-        max_length=64,
-        help_text="Named web ports the proxy opens in the browser (docs/proxy.md), e.g. jupyter on 8888.",
-    )
+    ports = ports_field("Named web ports the proxy opens in the browser (docs/proxy.md), e.g. jupyter on 8888.")
 
 
 def container_from(data: dict[str, Any]) -> ContainerSpec:

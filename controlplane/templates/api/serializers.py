@@ -16,7 +16,7 @@ from controlplane.reservations.api.serializers import (
     BookingSpecSerializer,
     ContainerSerializer,
     PortOutSerializer,
-    PortSerializer,
+    ports_field,
     ports_out,
 )
 from controlplane.templates.models import DEFAULT_DURATION_S, NAME_MAX, name_validator
@@ -56,13 +56,7 @@ class TemplateWriteSerializer(serializers.Serializer):
     spec = BookingSpecSerializer(
         required=False, allow_null=True, default=None, help_text="A booking's spec, as its default; null: none."
     )
-    ports = serializers.ListField(
-        child=PortSerializer(),
-        required=False,
-        default=list,
-        max_length=64,
-        help_text="Named web ports, as a booking's container.ports; a booking from the template gets them.",
-    )
+    ports = ports_field("Named web ports, as a booking's container.ports; a booking from the template gets them.")
     duration = DurationField(
         required=False,
         default=timedelta(seconds=DEFAULT_DURATION_S),
