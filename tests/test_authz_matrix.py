@@ -585,6 +585,21 @@ ROWS.extend(
         row("POST", "/api/v1/ssh-keys/", body=_new_ssh_key, **ANY_USER_CREATE),
         row("GET", SSH_KEY, **ONLY_ITS_USER),
         row("DELETE", SSH_KEY, **dict(ONLY_ITS_USER, owner=204)),
+        # The web proxy's links (docs/proxy.md): the project's owners and members only, as the SSH gateway; a
+        # viewer and an operator who is no member read 404 like a stranger. The reservation has not started: the
+        # owners' port is unknown (400 naming it), the terminal not ready (409).
+        row(
+            "POST",
+            "/api/v1/reservations/{reservation}/open/",
+            body={"port": "web"},
+            **dict(owner=400, teammate=400, viewer=404, outsider=404, operator=404),
+        ),
+        row(
+            "POST",
+            "/api/v1/reservations/{reservation}/terminal/",
+            body={},
+            **dict(owner=409, teammate=409, viewer=404, outsider=404, operator=404),
+        ),
     ]
 )
 

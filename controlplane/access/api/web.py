@@ -56,7 +56,7 @@ def _granted(request: Request, reservation: str, port: str | None) -> Grant:
     """The grant, or the API's error for it: 404 (not the caller's, or a viewer), 409 not ready, 410 gone."""
     grant = grants.grant_for(request.user.pk, reservation, port, now=timezone.now())
     if grant.status == grants.NOT_FOUND:
-        raise NotFound(f"No reservation {reservation} among those you may open.")
+        raise NotFound("No such reservation among those you may open.")
     if grant.status == grants.GONE:
         raise Gone(grant.message)
     if grant.status == grants.NOT_READY:
@@ -64,11 +64,17 @@ def _granted(request: Request, reservation: str, port: str | None) -> Grant:
     return grant
 
 
-def _check_port(request: Request, reservation: str, name: str) -> Any:
-    """The port named, after the caller's right to the reservation (a 404 first, so nothing leaks)."""
+def _may_open(request: Request, reservation: str) -> Grant:
+    """The caller's right to the reservation, before anything of the body is read: a 404 first, the same for a
+    reservation that does not exist, so a refusal tells nothing."""
     grant = grants.grant_for(request.user.pk, reservation, None, now=timezone.now())
     if grant.status == grants.NOT_FOUND:
-        raise NotFound(f"No reservation {reservation} among those you may open.")
+        raise NotFound("No such reservation among those you may open.")
+    return grant
+
+
+def _check_port(grant: Grant, name: str) -> Any:
+    """The port named, of a reservation the caller may open."""
     stored = Reservation.objects.filter(pk=grant.reservation_pk).values_list("ports", flat=True).first()
     ports = {p.name: p for p in ports_from_stored(list(stored or []))}
     port = ports.get(name)
@@ -89,10 +95,11 @@ class OpenView(APIView):
         responses={200: AppLinkSerializer},
     )
     def post(self, request: Request, id: Any) -> Response:
+        reservation = str(id)
+        visible = _may_open(request, reservation)
         body = OpenSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        reservation = str(id)
-        port = _check_port(request, reservation, body.validated_data["port"])
+        port = _check_port(visible, body.validated_data["port"])
         grant = _granted(request, reservation, port.name)
         path = body.validated_data.get("path") or port.path
         if links.safe_next(path, default="") != path:
@@ -120,9 +127,10 @@ class TerminalView(APIView):
         responses={200: TerminalLinkSerializer},
     )
     def post(self, request: Request, id: Any) -> Response:
+        reservation = str(id)
+        _may_open(request, reservation)
         body = TerminalSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        reservation = str(id)
         grant = _granted(request, reservation, None)
         server = body.validated_data.get("server")
         servers = [t.server for t in grant.targets]
