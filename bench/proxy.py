@@ -4,8 +4,9 @@ a 100 MB download, and the proxy's memory with 200 WebSockets open.
     .venv/bin/python bench/proxy.py [--requests 1000] [--echoes 1000] [--download-mb 100] [--sockets 200]
 
 Needs a Docker engine (scripts/dockerd-up), root (to join the container's network namespace, as the gateway
-does) and PostgreSQL (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/bench_proxy, dropped and
-created afresh).
+does), the OpenSSH client and PostgreSQL (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/bench_proxy,
+dropped and created afresh). ``--profile DIR`` writes cProfile files of the proxy process and the gateway's
+thread (read them with ``python -m pstats``).
 
 **Assembly.** The control plane runs in this process (Django's threaded server on a free port, Celery tasks
 eager), with one real agent in a thread: `Agent` + `DockerRuntime` + the node's `SshGateway`, simulated GPUs, as
@@ -27,14 +28,18 @@ forward, the grant's first read) are warm-up and not counted. Then, in the same 
    Goal: p95 through the proxy at most 20 ms over p95 direct (loopback).
 2. **WebSocket round trip**: one WebSocket on each path, ``--echoes`` 100-byte text messages echoed by the
    app, interleaved; p50, p95.
-3. **Download**: a ``--download-mb`` MB body, three times on each path, interleaved; the best of the three in
-   MB/s on each. Goal: through the proxy at least 50% of direct.
+3. **Download**: a ``--download-mb`` MiB body, three times on each path, interleaved; the best of the three in
+   MB/s on each. Goal: through the proxy at least 50% of direct. A third path, in the same rounds, is the
+   tenant's own way to the port: OpenSSH's ``ssh -N -L`` through the same gateway (same user, AES-GCM), which
+   tells the gateway's share from the proxy's. Beside each, the CPU seconds each process on the path spent
+   per download (/proc: the client, the relay (the proxy process, or the ssh client), the gateway's thread, the
+   app): on a shared machine a throughput varies with what else runs, its CPU per byte much less.
 4. **Memory**: the proxy process's VmRSS once started, before the part (after parts 1-3, its SSH connection
    open), and with ``--sockets`` WebSockets open through it at once (each answered an echo), per socket.
    Goal: the proxy holds 200.
 
 The machine's cores are shared by every process on the path (client, proxy, this process's gateway thread,
-the app), as on a small node; the figures are ratios and differences against the same-run baseline.
+the app), as on a small node; the figures are ratios and differences against the same-run baselines.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_proxy"
 APP_PORT = 9000
 SMALL = b"x" * 100
 CHUNK = 1 << 20  # the app writes its download in 1 MiB pieces
+DOWNLOADS = ("direct", "proxy", "ssh -L")
 
 
 def rss_kib(pid: int) -> int:
@@ -214,14 +220,17 @@ async def client(spec: dict[str, Any]) -> dict[str, Any]:
         await ws.close()
     out["echo"] = echo
 
-    # 3. The download, three times each, interleaved; with the CPU each process on the path spent on it.
+    # 3. The download, three times each, interleaved, and through `ssh -L`; with the CPU each process on the
+    # path spent on it.
     size = spec["download_mb"] * CHUNK
     stats = {name: Path(path) for name, path in spec["cpu"].items()}
     stats["client"] = Path("/proc/self/stat")
-    download: dict[str, list[float]] = {"proxy": [], "direct": []}
-    cpu: dict[str, dict[str, float]] = {"proxy": {}, "direct": {}}
+    plain = session()
+    paths["ssh -L"] = (plain, f"http://127.0.0.1:{spec['ssh_port']}", {})
+    download: dict[str, list[float]] = {which: [] for which in DOWNLOADS}
+    cpu: dict[str, dict[str, float]] = {which: {} for which in DOWNLOADS}
     for i in range(3):
-        for which in ("proxy", "direct") if i % 2 else ("direct", "proxy"):
+        for which in DOWNLOADS[i:] + DOWNLOADS[:i]:
             s, base, headers = paths[which]
             before = {name: stat_cpu(path) for name, path in stats.items()}
             t0 = time.perf_counter()
@@ -266,6 +275,7 @@ async def client(spec: dict[str, Any]) -> dict[str, Any]:
     await asyncio.gather(*(ws.close() for ws in held))
     await proxied.close()
     await direct.close()
+    await plain.close()
     return out
 
 
@@ -331,6 +341,36 @@ def start_proxy(env: dict[str, str], log_path: Path, profile: Path | None) -> tu
     return proc, port
 
 
+def start_ssh_forward(directory: Path, gateway: Any, user: str, reservation: str) -> tuple[subprocess.Popen[Any], int]:
+    """OpenSSH's ``ssh -N -L`` to the app's port through the same gateway, with the same user's portal key: the
+    tenant's own way to the port, for the download's second reference."""
+    from dispatch import wait_until
+
+    from controlplane.access.web.portalkeys import portal_key
+
+    key = directory / "portal_key"
+    key.write_bytes(portal_key(user).private_openssh)
+    key.chmod(0o600)
+    known = directory / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{gateway.port} {gateway.host_key_line}\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        ["ssh", "-N", "-p", str(gateway.port), "-i", str(key), "-o", "IdentitiesOnly=yes",
+         "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+         "-o", "LogLevel=ERROR", "-o", "Ciphers=aes128-gcm@openssh.com",
+         "-L", f"127.0.0.1:{port}:localhost:{APP_PORT}", f"{reservation}@127.0.0.1"],
+    )  # fmt: skip
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise SystemExit(f"ssh -L exited with {proc.returncode}")
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(listening, 30, "ssh -L")
+    return proc, port
+
+
 def ms(values: list[float], q: float) -> float:
     return pct(values, q) * 1000
 
@@ -355,19 +395,20 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
 
     mb = args.download_mb * (1 << 20) / 1e6
     print(f"\n3. download of {args.download_mb} MiB, 3 each, interleaved: best of 3 (MB/s)")
-    rates = {which: mb / min(download[which]) for which in ("direct", "proxy")}
-    for which in ("direct", "proxy"):
-        runs = ", ".join(f"{mb / s:.0f}" for s in download[which])
-        print(f"  {which:<10}  {rates[which]:7.0f}   (runs: {runs})")
-    share = rates["proxy"] / rates["direct"]
-    print(f"  proxy / direct: {share:.0%} (goal: at least 50%): {'met' if share >= 0.5 else 'NOT met'}")
+    rates = {which: mb / min(download[which]) for which in DOWNLOADS}
     cpu = figures["download_cpu_s"]
-    names = ("client", "proxy", "gateway", "app")
-    print("  CPU seconds per download, mean of 3: " + "   ".join(f"{n:>7}" for n in names))
-    for which in ("direct", "proxy"):
-        cells = "   ".join(f"{cpu[which][n]:7.2f}" if which == "proxy" or n in ("client", "app") else "      -"
-                           for n in names)  # fmt: skip
-        print(f"    {which:<34}{cells}")
+    print(f"  {'':<10}  {'MB/s':>7}    {'runs':<18}   CPU seconds per download, mean of 3:")
+    print(f"  {'':<10}  {'':>7}    {'':<18}   " + " ".join(f"{n:>8}" for n in ("client", "relay", "gateway", "app")))
+    for which in DOWNLOADS:
+        runs = ", ".join(f"{mb / s:4.0f}" for s in download[which])
+        relay = {"proxy": "proxy", "ssh -L": "ssh"}.get(which)
+        used = [cpu[which]["client"], cpu[which][relay] if relay else None,
+                cpu[which]["gateway"] if relay else None, cpu[which]["app"]]  # fmt: skip
+        cells = " ".join("       -" if v is None else f"{v:8.2f}" for v in used)
+        print(f"  {which:<10}  {rates[which]:7.0f}    {runs:<18}   {cells}")
+    share = rates["proxy"] / rates["direct"]
+    print(f"  proxy / direct: {share:.0%} (goal: at least 50%): {'met' if share >= 0.5 else 'NOT met'}; "
+          f"proxy / ssh -L: {rates['proxy'] / rates['ssh -L']:.0%}")  # fmt: skip
 
     started, before, opened = figures["rss_started_kib"], figures["rss_before_kib"], figures["rss_open_kib"]
     n = figures["held"]
@@ -490,13 +531,18 @@ def main() -> None:
         if login.status_code != 302 or not cookie:
             raise SystemExit(f"the link did not log in: {login.status_code} {login.text[:300]}")
 
+        ssh, ssh_port = start_ssh_forward(directory, gateway, alice.username, public_id)
+        children.append(ssh)
+
         [gateway_thread] = [t for t in threading.enumerate() if t.name == "gpucp-ssh-gateway"]
         spec = {
             "cpu": {
                 "proxy": f"/proc/{proxy.pid}/stat",
                 "gateway": f"/proc/{os.getpid()}/task/{gateway_thread.native_id}/stat",
                 "app": f"/proc/{app.pid}/stat",
+                "ssh": f"/proc/{ssh.pid}/stat",
             },
+            "ssh_port": ssh_port,
             "proxy_port": proxy_port,
             "proxy_pid": proxy.pid,
             "host": host,
