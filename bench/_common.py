@@ -95,7 +95,6 @@ def start_gunicorn(env: dict[str, str], *, workers: int, threads: int) -> tuple[
 def process_tree_cpu(pid: int) -> float:
     """CPU seconds (user + system) used so far by process ``pid`` and its live children (gunicorn's master and
     its workers), from /proc; 0 where there is no /proc."""
-    clock = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     total = 0.0
     pids = [pid]
     try:
@@ -105,11 +104,18 @@ def process_tree_cpu(pid: int) -> float:
         return 0.0
     for p in pids:
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += stat_cpu(Path(f"/proc/{p}/stat"))
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / clock  # utime, stime
     return total
+
+
+def stat_cpu(stat: Path) -> float:
+    """CPU seconds (user + system) in a /proc ``stat`` file: a process's (/proc/PID/stat) or one thread's
+    (/proc/PID/task/TID/stat)."""
+    clock = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / clock  # utime, stime
 
 
 def run_threads(target: Callable[..., None], args: Iterable[tuple[Any, ...]]) -> float:
