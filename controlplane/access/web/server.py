@@ -317,7 +317,8 @@ class Proxy:
                 url, headers=headers, protocols=protocols, autoping=True, max_msg_size=0, compress=0
             )
         except aiohttp.WSServerHandshakeError as exc:
-            return _page(exc.status or 502, "The app refused the WebSocket", str(exc.message))
+            status = exc.status if exc.status and exc.status >= 400 else 502
+            return _page(status, "The app refused the WebSocket", str(exc.message))
         except (aiohttp.ClientError, OSError):
             return _page(502, "The app did not answer", "Nothing answered the WebSocket in the container.")
         client = web.WebSocketResponse(
