@@ -142,6 +142,30 @@ def running_system(var: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+        remove_containers(var)
+
+
+def remove_containers(var: Path) -> None:
+    """Remove the containers of the system run in ``var``. A stopped agent leaves its containers running (as a
+    real one does across its restarts), and a reservation released just before the end may not be stopped yet:
+    without this a lab or a ``sleep 7200`` would outlive the test."""
+    from controlplane.system.management.commands.runsystem import container_scope
+    from nodeagent.runtime.containers import LABEL_NODE
+
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception:  # no engine: the agents ran without containers
+        return
+    owners = f"{container_scope(var)}/"
+    try:
+        for container in client.containers.list(all=True, filters={"label": LABEL_NODE}):
+            if container.labels.get(LABEL_NODE, "").startswith(owners):
+                container.remove(force=True)
+    finally:
+        client.close()
 
 
 def run_script(script: Path, base: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> str:
