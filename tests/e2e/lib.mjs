@@ -216,11 +216,9 @@ export async function axeCheck(page, name) {
   expect(bad.length === 0, `axe on ${name}: ${bad.map((v) => `${v.impact} ${v.id} (${v.help}): ${v.nodes.join(" | ")}`).join(" || ")}`);
 }
 
-/**
- * Runs `body(page, context)` in a fresh headless Chromium; prints PASS or FAIL with the step that failed and
- * sets the exit code. Options: timezoneId (default E2E_TIMEZONE or UTC), viewport, script (a name for artifacts).
- */
-export async function run(script, body, options = {}) {
+/** A fresh headless Chromium with a profile of its own (no cookies, no storage): `{ context, close }`.
+ * Options: timezoneId (default E2E_TIMEZONE or UTC), viewport, locale. */
+export async function browserContext(options = {}) {
   const profile = mkdtempSync(join(tmpdir(), "portal-e2e-"));
   const context = await chromium.launchPersistentContext(profile, {
     executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
@@ -235,6 +233,19 @@ export async function run(script, body, options = {}) {
     locale: options.locale ?? "en-US",
   });
   context.setDefaultTimeout(20_000);
+  const close = async () => {
+    await context.close();
+    rmSync(profile, { recursive: true, force: true });
+  };
+  return { context, close };
+}
+
+/**
+ * Runs `body(page, context)` in a fresh headless Chromium; prints PASS or FAIL with the step that failed and
+ * sets the exit code. Options: timezoneId (default E2E_TIMEZONE or UTC), viewport, script (a name for artifacts).
+ */
+export async function run(script, body, options = {}) {
+  const { context, close } = await browserContext(options);
   const page = await context.newPage();
   const pageErrors = [];
   page.on("pageerror", (e) => pageErrors.push(String(e)));
@@ -244,11 +255,15 @@ export async function run(script, body, options = {}) {
     console.log(`e2e | PASS ${script} (${steps.length} steps); screenshots in ${ARTIFACTS}`);
   } catch (err) {
     await page.screenshot({ path: join(ARTIFACTS, `failure-${script}.png`), fullPage: true }).catch(() => {});
+    // And every other tab the script opened (an app the portal opened, say), as it was.
+    const tabs = context.pages().filter((p) => p !== page && p.url() !== "about:blank");
+    for (const [i, tab] of tabs.entries()) {
+      await tab.screenshot({ path: join(ARTIFACTS, `failure-${script}-tab${i + 1}.png`), fullPage: true }).catch(() => {});
+    }
     console.error(`e2e | FAIL ${script} at step "${steps[steps.length - 1]}": ${err && err.stack ? err.stack : err}`);
     process.exitCode = 1;
   } finally {
     writeFileSync(join(ARTIFACTS, `axe-${script}.json`), JSON.stringify(axeResults, null, 2));
-    await context.close();
-    rmSync(profile, { recursive: true, force: true });
+    await close();
   }
 }

@@ -7,6 +7,7 @@ import { useCallback, useEffect, useRef, useState } from "react";
 import { api } from "../api/client";
 import type { OpenedApp, ReservationDetail, TerminalTicket } from "../api/types";
 import { forwardCommand, webAppLines, type WebAppLine } from "../lib/ports";
+import { FINAL_STATES } from "../lib/reservation";
 import { canReconnect, closeText, type TerminalStatus } from "../lib/terminal";
 import type { TerminalView } from "./terminalView";
 import { ErrorAlert } from "./QueryState";
@@ -132,9 +133,14 @@ function OpenCell({ r, line, opening, onOpen }: { r: ReservationDetail; line: We
     );
   }
   if (!line.app) {
+    const over = r.state === "ending" || FINAL_STATES.includes(r.state);
     return (
       <Text size="xs" c="dimmed">
-        {r.access.ready ? "Not served by the proxy now." : "Opens once the container runs."}
+        {over
+          ? "Closed with the reservation."
+          : r.access.ready
+            ? "Not served by the proxy now."
+            : "Opens once the container runs."}
       </Text>
     );
   }

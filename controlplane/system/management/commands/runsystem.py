@@ -88,9 +88,10 @@ def agent_state_dir(member: FleetMember) -> Path:
     return Path(settings.VAR_DIR) / "agents" / member.hostname
 
 
-def container_scope() -> str:
-    """A name for this system's containers on a shared Docker engine: its var directory, hashed."""
-    return "sys-" + hashlib.sha256(str(Path(settings.VAR_DIR).resolve()).encode()).hexdigest()[:10]
+def container_scope(var_dir: Path | None = None) -> str:
+    """A name for this system's containers on a shared Docker engine: its var directory (``var_dir``, else
+    this process's), hashed."""
+    return "sys-" + hashlib.sha256(str(Path(var_dir or settings.VAR_DIR).resolve()).encode()).hexdigest()[:10]
 
 
 def portal_is_stale(frontend: Path) -> bool:
