@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -96,8 +96,6 @@ class Claims:
 
 
 def _expiry(now: datetime, ends_at: datetime) -> datetime:
-    from datetime import timedelta
-
     return min(now + timedelta(seconds=settings.PROXY_LINK_TTL_S), ends_at)
 
 
