@@ -4,9 +4,9 @@ import { MAX_PORTS, newPortRow, PORT_PROTOCOLS, portFieldName, type PortRow } fr
 import type { FieldError } from "./BookingFields";
 
 /**
- * The container's named ports (`container.ports`, docs/access.md): a name and a port per row, and the protocol
- * (only http opens in the browser, the others are reached with `gpucp ssh -L`). A template's rows keep the path
- * Open lands on and the Jupyter sign-in it gives, said under the row.
+ * The container's named ports (`container.ports`, docs/proxy.md): a name and a port per row, the protocol (only
+ * http opens in the browser, the others are reached with `gpucp ssh -L`) and the sign-in: "jupyter" gives the lab
+ * a token and opens it signed in. A template's rows keep the path Open lands on, said under the row.
  */
 export function PortFields(props: { value: PortRow[]; onChange: (next: PortRow[]) => void; fieldErr: FieldError }) {
   const { value, onChange, fieldErr } = props;
@@ -40,6 +40,11 @@ export function PortFields(props: { value: PortRow[]; onChange: (next: PortRow[]
                   label={first ? "Protocol" : undefined} aria-label={first ? undefined : `Protocol of web port ${n}`}
                   value={r.protocol} onChange={(e) => set(i, { protocol: e.currentTarget.value as PortRow["protocol"] })}
                   error={fieldErr(portFieldName(i, "protocol"))} />
+                <NativeSelect size="xs" w={92} data={[{ value: "none", label: "none" }, { value: "jupyter", label: "jupyter" }]}
+                  label={first ? "Sign-in" : undefined} aria-label={first ? undefined : `Sign-in of web port ${n}`}
+                  value={r.auth ?? "none"}
+                  onChange={(e) => set(i, { auth: e.currentTarget.value === "jupyter" ? "jupyter" : undefined })}
+                  error={fieldErr(portFieldName(i, "auth"))} />
                 <Button size="xs" variant="subtle" color="red" mt={first ? 22 : 0} px={6}
                   aria-label={`Remove web port ${n}${r.name ? ` (${r.name})` : ""}`}
                   onClick={() => onChange(value.filter((_, j) => j !== i))}>
@@ -47,7 +52,7 @@ export function PortFields(props: { value: PortRow[]; onChange: (next: PortRow[]
                 </Button>
               </Group>
               {extra && <Text size="xs" c="dimmed">{r.name || `Port ${n}`} {extra}.</Text>}
-              {[rowError, fieldErr(portFieldName(i, "path")), fieldErr(portFieldName(i, "auth"))].filter(Boolean).map((m) => (
+              {[rowError, fieldErr(portFieldName(i, "path"))].filter(Boolean).map((m) => (
                 <Text key={m} size="xs" c="red.9">{m}</Text>
               ))}
             </Stack>

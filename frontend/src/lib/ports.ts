@@ -9,8 +9,9 @@ const NAME = /^[a-z][a-z0-9-]{0,31}$/;
 /** The web terminal's name in the proxy; no port may take it. */
 const RESERVED = "terminal";
 
-/** One row of the booking form's "Web ports": `port` as the number field holds it ("" while empty). `path` and
- * `auth` are not edited; a template's come along unchanged. `key` only keeps React's rows apart. */
+/** One row of the booking form's "Web ports": `port` as the number field holds it ("" while empty). `auth` is the
+ * row's sign-in select; `path` is not edited, a template's comes along unchanged. `key` only keeps React's rows
+ * apart. */
 export interface PortRow {
   key: number;
   name: string;
