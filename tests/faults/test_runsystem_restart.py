@@ -27,7 +27,7 @@ from tests.runsystem_support import ROOT, RunningSystem, alive, embedded_env
 pytestmark = pytest.mark.slow
 
 FLEET = {"sim-h100-01": "2xH100-80GB", "sim-a100-01": "1xA100-40GB"}
-CHILDREN = ["web", "worker", "beat", *FLEET]
+CHILDREN = ["web", "proxy", "worker", "beat", *FLEET]
 # The first restart waits 0.5-1 s (the backoff's jitter); the rest is a Python start-up.
 RESTART_WITHIN_S = 30
 
@@ -110,6 +110,22 @@ def test_a_killed_web_server_is_restarted_and_answers_again(system: RunningSyste
             time.sleep(0.2)
     print(f"web: answered again {time.monotonic() - killed_at:.1f}s after its SIGKILL")
     assert "web died" not in system.output.split("web restarted")[-1], "the restarted web server died again"
+
+
+def test_a_killed_web_proxy_is_restarted_and_answers_again(system: RunningSystem) -> None:
+    [port] = set(re.findall(r"web proxy on 127\.0\.0\.1:(\d+)", system.output))
+    killed_at = time.monotonic()
+    kill_and_wait_for_restart(system, "proxy")
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_gpucp/healthz", timeout=3) as response:
+                assert response.status == 200
+                break
+        except OSError:
+            if time.monotonic() > killed_at + 60:
+                raise
+            time.sleep(0.2)
+    print(f"proxy: answered again {time.monotonic() - killed_at:.1f}s after its SIGKILL")
 
 
 def test_a_killed_agent_comes_back_with_its_saved_credential_and_reports_again(system: RunningSystem) -> None:
