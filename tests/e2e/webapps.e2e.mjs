@@ -54,6 +54,7 @@ await run("webapps", async (page, context) => {
   expect((await row.getByLabel("Name", { exact: true }).inputValue()) === "jupyter", "the template's port is named jupyter");
   expect((await row.getByLabel("Port", { exact: true }).inputValue()) === "8888", "the template's port is 8888");
   expect(/opens at \/lab/.test(await row.innerText()), `the row says where Open lands: ${await row.innerText()}`);
+  expect((await row.getByLabel("Sign-in", { exact: true }).inputValue()) === "jupyter", "the template's port signs in");
   expect((await ports.getByTestId("port-row-1").count()) === 0, "one web port");
 
   step(`the tenant books 1 GPU on ${IMAGE} (the image's own command starts the lab)`);
