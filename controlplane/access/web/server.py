@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from aiohttp import WSMsgType, web
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 from yarl import URL
 
@@ -177,6 +177,17 @@ class Proxy:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._handle(request)
+        except DatabaseError:
+            # The control plane's database is away (a failover, a restart): nothing can be judged, so nothing new
+            # is let in; what is open stays open (the watcher keeps it until a grant says otherwise).
+            log.warning("proxy: the database could not be read for %s", request.path)
+            response = _page(503, "Try again shortly", "The control plane cannot check your access right now.")
+            response.headers["Retry-After"] = "5"
+            return response
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         target = links.parse_app_host(request.host)
         if target is not None:
             reservation, port = target
@@ -352,8 +363,16 @@ class Proxy:
     # --- the web terminal --------------------------------------------------------------------------------
     async def terminal(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(autoping=True, heartbeat=30, max_msg_size=1 << 20)
-        claims = links.read_link(request.query.get("token", ""), now=timezone.now())
         await ws.prepare(request)
+        try:
+            return await self._terminal(request, ws)
+        except DatabaseError:
+            log.warning("proxy terminal: the database could not be read")
+            await ws.close(code=CLOSE_UPSTREAM, message=b"the control plane cannot check your access right now")
+            return ws
+
+    async def _terminal(self, request: web.Request, ws: web.WebSocketResponse) -> web.StreamResponse:
+        claims = links.read_link(request.query.get("token", ""), now=timezone.now())
         if claims is None or claims.port is not None:
             await ws.close(code=CLOSE_NOT_FOUND, message=b"this terminal link has expired or is not valid")
             return ws
@@ -397,11 +416,20 @@ class Proxy:
 
     # --- closing what a grant no longer covers --------------------------------------------------------------
     async def _watch(self) -> None:
+        database_away = False
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
-                await self.sweep()
                 await self.tunnels.reap()
+                await self.sweep()
+                if database_away:
+                    log.info("proxy: the database answers again; grants are checked again")
+                database_away = False
+            except DatabaseError:
+                # What is open stays open while nothing can be judged; the gateway still ends it at the window's end.
+                if not database_away:
+                    log.warning("proxy: the database cannot be read; open connections are kept until it can")
+                database_away = True
             except Exception:  # the watcher must outlive any one failure
                 log.exception("proxy: the watcher's pass failed")
 
